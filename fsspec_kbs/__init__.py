@@ -1,0 +1,47 @@
+"""fsspec-kbs: Kafka backups (KBS format) on any fsspec URL, as Arrow tables and pandas frames."""
+
+from fsspec_kbs.api import open_reader, read_pandas, read_table, write_batches, write_table
+from fsspec_kbs.arrow.schema import KAFKA_SCHEMA
+from fsspec_kbs.dataset import KbsDataset, KbsScanner
+from fsspec_kbs.errors import (
+    BackupNotFoundError,
+    ChecksumError,
+    CommitConflictError,
+    IncompleteBackupError,
+    InvalidNameError,
+    KbsError,
+    ManifestError,
+    SegmentFormatError,
+    UnsupportedVersionError,
+)
+from fsspec_kbs.filters import ScanFilter
+from fsspec_kbs.store import BackupWriter, KbsBackup, Manifest, SegmentRef, list_backups, open_backup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KAFKA_SCHEMA",
+    "BackupNotFoundError",
+    "BackupWriter",
+    "ChecksumError",
+    "CommitConflictError",
+    "IncompleteBackupError",
+    "InvalidNameError",
+    "KbsBackup",
+    "KbsDataset",
+    "KbsError",
+    "KbsScanner",
+    "Manifest",
+    "ManifestError",
+    "ScanFilter",
+    "SegmentFormatError",
+    "SegmentRef",
+    "UnsupportedVersionError",
+    "list_backups",
+    "open_backup",
+    "open_reader",
+    "read_pandas",
+    "read_table",
+    "write_batches",
+    "write_table",
+]

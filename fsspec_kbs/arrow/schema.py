@@ -1,0 +1,30 @@
+"""The Arrow schema of a backup's records: the same columns as Spark's Kafka source."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+
+#: Column names and types are a documented contract (docs/api.md).
+KAFKA_SCHEMA = pa.schema([
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("ms", tz="UTC")),
+    pa.field("timestampType", pa.int32()),
+    pa.field("headers", pa.list_(HEADER_TYPE)),
+])
+COLUMNS = tuple(KAFKA_SCHEMA.names)
+
+
+def project(columns: list[str] | tuple[str, ...] | None) -> pa.Schema:
+    """Schema restricted to ``columns`` (in the caller's order)."""
+    if columns is None:
+        return KAFKA_SCHEMA
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown}; a backup has {list(COLUMNS)}")
+    return pa.schema([KAFKA_SCHEMA.field(c) for c in columns])

@@ -1,0 +1,236 @@
+"""Lazy scans of a backup as Arrow: dataset -> fragments (segments) -> scanner -> batches."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from fsspec_kbs.arrow.convert import columns_to_batch
+from fsspec_kbs.arrow.schema import COLUMNS, project
+from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
+from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+
+_ROW_COLUMNS = ("offset", "timestamp")
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class KbsDataset:
+    """A backup seen as a table with the Kafka schema (see :data:`fsspec_kbs.KAFKA_SCHEMA`).
+
+    Nothing is read until a terminal method (``to_table``, ``to_batches``, ``to_reader``,
+    ``to_pandas``, ``count_rows``) runs, and only segments that can match the filters are
+    opened.
+
+    Examples
+    --------
+    >>> ds = KbsDataset.open("s3://bucket/backups/backup-1", storage_options={...})  # doctest: +SKIP
+    >>> ds.filter(topics="orders", start_time="2026-11-01").to_pandas()  # doctest: +SKIP
+    """
+
+    def __init__(self, backup: KbsBackup, scan_filter: ScanFilter | None = None) -> None:
+        self.backup = backup
+        self.scan_filter = scan_filter or ScanFilter()
+
+    @classmethod
+    def open(cls, url: str, storage_options: dict | None = None, allow_incomplete: bool = False) -> KbsDataset:
+        """Open a backup directory on any fsspec URL (the layout is detected)."""
+        return cls(open_backup(url, storage_options, allow_incomplete=allow_incomplete))
+
+    @property
+    def schema(self) -> pa.Schema:
+        return project(None)
+
+    def filter(
+        self,
+        topics: str | Iterable[str] | None = None,
+        partitions: int | Iterable[int] | None = None,
+        start_offset: int | None = None,
+        end_offset: int | None = None,
+        start_time: TimeLike | None = None,
+        end_time: TimeLike | None = None,
+        topic_pattern: str | None = None,
+    ) -> KbsDataset:
+        """A new dataset whose filters are these ANDed with the current ones.
+
+        Offsets and times: start inclusive, end exclusive. Times are Unix ms, datetimes or
+        ISO-8601 strings.
+        """
+        more = ScanFilter.make(topics, partitions, start_offset, end_offset, start_time, end_time, topic_pattern)
+        return KbsDataset(self.backup, self.scan_filter.and_(more))
+
+    def fragments(self, scan_filter: ScanFilter | None = None) -> list[SegmentRef]:
+        """The segments a scan would open, decided from the manifest only."""
+        sf = self.scan_filter if scan_filter is None else self.scan_filter.and_(scan_filter)
+        return [ref for ref in self.backup.segments() if sf.keeps(ref)]
+
+    def scanner(
+        self,
+        columns: list[str] | None = None,
+        filter: Any = None,
+        batch_size: int | None = None,
+        use_threads: bool = True,
+        verify_checksums: bool = True,
+        on_error: str = "raise",
+    ) -> KbsScanner:
+        """A lazy scan.
+
+        Parameters
+        ----------
+        columns : list of str, optional
+            Subset of the schema's columns, in this order.
+        filter : pyarrow.compute.Expression or list of tuples, optional
+            Row filter; DNF tuples ``[("offset", ">=", 10), ...]`` also prune segments.
+        batch_size : int, optional
+            Maximum rows per yielded batch.
+        use_threads : bool, default True
+            Decode several segments at once on a thread pool.
+        verify_checksums : bool, default True
+            Check CRC-64 per segment and CRC-32 per batch.
+        on_error : {"raise", "skip"}, default "raise"
+            ``skip`` reports corrupt segments through :attr:`KbsScanner.errors` and goes on.
+        """
+        return KbsScanner(self, columns, filter, batch_size, use_threads, verify_checksums, on_error)
+
+    def to_batches(self, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        return self.scanner(**kwargs).to_batches()
+
+    def to_reader(self, **kwargs: Any) -> pa.RecordBatchReader:
+        return self.scanner(**kwargs).to_reader()
+
+    def to_table(self, **kwargs: Any) -> pa.Table:
+        return self.scanner(**kwargs).to_table()
+
+    def to_pandas(self, **kwargs: Any) -> Any:
+        return self.to_table(**kwargs).to_pandas()
+
+    def count_rows(self, **kwargs: Any) -> int:
+        return self.scanner(**kwargs).count_rows()
+
+
+class KbsScanner:
+    """Reads the segments a dataset selects, in (topic, partition, offset) order."""
+
+    def __init__(self, dataset: KbsDataset, columns: list[str] | None, filter: Any, batch_size: int | None,
+                 use_threads: bool, verify_checksums: bool, on_error: str) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError("on_error must be 'raise' or 'skip'")
+        self.dataset = dataset
+        self.columns = list(COLUMNS) if columns is None else list(columns)
+        self.out_schema = project(self.columns)
+        sf = dataset.scan_filter
+        self.expression = None
+        if isinstance(filter, list):
+            sf = sf.and_(dnf_to_scan_filter(filter))
+            self.expression = dnf_to_expression(filter)
+        elif filter is not None:
+            self.expression = filter
+        self.scan_filter = sf
+        self.batch_size = batch_size
+        self.use_threads = use_threads
+        self.verify = verify_checksums
+        self.on_error = on_error
+        self.errors: list[Exception] = []
+        # Expressions may reference any column: decode those too and drop them afterwards.
+        self._decode_columns = self.columns if self.expression is None else list(COLUMNS)
+
+    @property
+    def fragments(self) -> list[SegmentRef]:
+        return self.dataset.fragments(self.scan_filter)
+
+    def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
+        out = []
+        for cols in self.dataset.backup.iter_columns(ref, verify_checksums=self.verify):
+            mask = self.scan_filter.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
+            batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path)
+            if mask is not None:
+                batch = batch.filter(pa.array(mask))
+            if self.expression is not None:
+                batch = batch.filter(self.expression).select(self.columns)
+            if batch.num_rows:
+                out.append(batch)
+        return out
+
+    def _guarded(self, ref: SegmentRef) -> list[pa.RecordBatch]:
+        try:
+            return self._read_segment(ref)
+        except Exception as e:
+            from fsspec_kbs.errors import KbsError
+
+            if self.on_error == "skip" and isinstance(e, KbsError):
+                self.errors.append(e)
+                return []
+            raise
+
+    def _segment_batches(self) -> Iterator[list[pa.RecordBatch]]:
+        refs = self.fragments
+        if not self.use_threads or len(refs) < 2:
+            for ref in refs:
+                yield self._guarded(ref)
+            return
+        yield from ordered_map(self._guarded, refs, default_workers())
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        for batches in self._segment_batches():
+            for batch in batches:
+                if self.batch_size is None or batch.num_rows <= self.batch_size:
+                    yield batch
+                else:
+                    for start in range(0, batch.num_rows, self.batch_size):
+                        yield batch.slice(start, self.batch_size)
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.out_schema, self.to_batches())
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.to_batches()), schema=self.out_schema)
+
+    def count_rows(self) -> int:
+        if self.expression is None:
+            total = 0
+            for ref in self.fragments:
+                s, e = self.scan_filter.bounds(ref.topic, ref.partition)
+                inside = (
+                    ref.records is not None
+                    and (s is None or (ref.first_offset is not None and ref.first_offset >= s))
+                    and (e is None or (ref.last_offset is not None and ref.last_offset < e))
+                    and self.scan_filter.start_time is None and self.scan_filter.end_time is None
+                )
+                if not inside:
+                    break
+                total += ref.records  # type: ignore[operator]
+            else:
+                return total
+        return sum(b.num_rows for b in self.to_batches())
+
+
+def ordered_map(fn: Callable[[Any], Any], items: list, workers: int, prefetch: int | None = None) -> Iterator[Any]:
+    """``map(fn, items)`` on a thread pool, in order, with at most ``prefetch`` results in flight.
+
+    Bounding the window bounds memory: a slow consumer never lets decoded segments pile up.
+    """
+    prefetch = prefetch or workers + 1
+    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read") as pool:
+        pending: deque[cf.Future] = deque()
+        it = iter(items)
+        try:
+            for item in it:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= prefetch:
+                    break
+            while pending:
+                result = pending.popleft().result()
+                for item in it:
+                    pending.append(pool.submit(fn, item))
+                    break
+                yield result
+        finally:
+            for f in pending:
+                f.cancel()

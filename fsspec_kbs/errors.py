@@ -1,0 +1,98 @@
+"""Exceptions raised by fsspec-kbs.
+
+Every error derives from :class:`KbsError`; each also derives from the builtin a caller
+would naturally catch (``ValueError`` for bad data, ``FileNotFoundError`` for missing data,
+``FileExistsError`` for commit conflicts).
+"""
+
+from __future__ import annotations
+
+
+class KbsError(Exception):
+    """Root of every fsspec-kbs error."""
+
+
+class InvalidNameError(KbsError, ValueError):
+    """A topic, backup id, partition or segment name is not legal (e.g. path traversal)."""
+
+
+class ManifestError(KbsError, ValueError):
+    """``manifest.json`` is missing fields, malformed, or inconsistent."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class UnsupportedVersionError(ManifestError):
+    """The manifest's major version (or a segment's version) is not one this reader knows."""
+
+
+class BackupNotFoundError(KbsError, FileNotFoundError):
+    """No backup (or no such topic/partition/segment) at the given location."""
+
+
+class IncompleteBackupError(BackupNotFoundError):
+    """The backup directory has no ``manifest.json``: the backup never completed."""
+
+
+class SegmentFormatError(KbsError, ValueError):
+    """A segment's bytes break the format; carries the file and the byte offset.
+
+    Attributes
+    ----------
+    path : str or None
+        The segment file.
+    offset : int or None
+        Byte offset in the file where the defect was found.
+    """
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = message
+        where = path or "<segment>"
+        if offset is not None:
+            where += f" at byte {offset}"
+        super().__init__(f"{where}: {message}")
+
+    def located(self, path: str, base: int = 0) -> SegmentFormatError:
+        """Same error, re-anchored to ``path`` with the offset shifted by ``base``."""
+        offset = base if self.offset is None else self.offset + base
+        return type(self)(self.reason, path, offset)
+
+
+class BadMagicError(SegmentFormatError):
+    """The file does not start (or end) with the expected magic bytes."""
+
+
+class UnsupportedCodecError(SegmentFormatError):
+    """Unknown compression code in a segment header."""
+
+
+class ChecksumError(SegmentFormatError):
+    """A CRC-32 (batch) or CRC-64 (segment) does not match the data."""
+
+
+class TruncatedSegmentError(SegmentFormatError):
+    """The segment ends early: missing footer, batch or record bytes."""
+
+
+class DecompressionError(SegmentFormatError):
+    """A compressed frame is invalid or does not decompress to its declared size."""
+
+
+class RecordFormatError(SegmentFormatError):
+    """Records inside a decompressed batch are malformed."""
+
+
+class SegmentMismatchError(SegmentFormatError):
+    """Header, footer, batch and manifest fields disagree with each other."""
+
+
+class CommitConflictError(KbsError, FileExistsError):
+    """A backup already exists where a write wanted to create one."""
+
+
+class OffsetOrderError(KbsError, ValueError):
+    """Offsets written to a partition do not strictly increase."""

@@ -1,0 +1,127 @@
+"""Batch compression codecs (none / LZ4 frame / zstd frame) with a decompression-bomb guard."""
+
+from __future__ import annotations
+
+import enum
+import threading
+
+import lz4.frame
+import zstandard
+
+from fsspec_kbs.errors import DecompressionError, UnsupportedCodecError
+
+
+class Codec(enum.IntEnum):
+    """Compression codes of the KBS segment header."""
+
+    NONE = 0
+    LZ4 = 1
+    ZSTD = 2
+
+
+CODEC_NAMES = {Codec.NONE: "none", Codec.LZ4: "lz4", Codec.ZSTD: "zstd"}
+CODEC_BY_NAME = {name: codec for codec, name in CODEC_NAMES.items()}
+DEFAULT_LEVELS = {Codec.NONE: 0, Codec.LZ4: 0, Codec.ZSTD: 3}
+
+# zstd contexts are not thread-safe; keep one per thread and level.
+_local = threading.local()
+
+
+def codec_from_code(code: int) -> Codec:
+    try:
+        return Codec(code)
+    except ValueError:
+        raise UnsupportedCodecError(f"unknown compression code {code} (known: 0 none, 1 lz4, 2 zstd)") from None
+
+
+def codec_from_name(name: str) -> Codec:
+    try:
+        return CODEC_BY_NAME[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown compression {name!r}; use one of {sorted(CODEC_BY_NAME)}") from None
+
+
+def _zstd_compressor(level: int) -> zstandard.ZstdCompressor:
+    cache = _local.__dict__.setdefault("zc", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return cache[level]
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    dctx = getattr(_local, "zd", None)
+    if dctx is None:
+        dctx = _local.zd = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def compress(codec: Codec, data: bytes | memoryview, level: int | None = None) -> bytes:
+    """Compress ``data`` as one complete frame of ``codec``."""
+    if codec == Codec.NONE:
+        return bytes(data)
+    if level is None:
+        level = DEFAULT_LEVELS[codec]
+    if codec == Codec.ZSTD:
+        return _zstd_compressor(level).compress(data)
+    return lz4.frame.compress(data, compression_level=level, store_size=True)
+
+
+def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> bytes:
+    """Decompress one frame, allocating at most ``expected_size`` bytes.
+
+    Raises :class:`DecompressionError` (without location; the caller adds it) if the frame is
+    invalid or holds any other amount of data than ``expected_size``.
+    """
+    if codec == Codec.NONE:
+        if len(frame) != expected_size:
+            raise DecompressionError(
+                f"uncompressed batch is {len(frame)} bytes but its header says {expected_size}"
+            )
+        return frame if isinstance(frame, bytes) else bytes(frame)
+    if codec == Codec.ZSTD:
+        return _zstd_decompress(frame, expected_size)
+    return _lz4_decompress(frame, expected_size)
+
+
+def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes:
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise DecompressionError(f"invalid zstd frame: {e}") from e
+    if declared not in (-1, expected_size):
+        raise DecompressionError(
+            f"zstd frame declares {declared} uncompressed bytes but the batch header says {expected_size}"
+        )
+    try:
+        # With a declared size zstd itself verifies the content matches it; without one,
+        # max_output_size bounds the allocation and any excess fails the call.
+        out = _zstd_decompressor().decompress(frame, max_output_size=max(expected_size, 1))
+    except zstandard.ZstdError as e:
+        raise DecompressionError(
+            f"zstd frame does not decompress to the declared {expected_size} bytes: {e}"
+        ) from e
+    if len(out) != expected_size:
+        raise DecompressionError(
+            f"zstd frame decompressed to {len(out)} bytes but the batch header says {expected_size}"
+        )
+    return out
+
+
+def _lz4_decompress(frame: bytes | memoryview, expected_size: int) -> bytes:
+    dec = lz4.frame.LZ4FrameDecompressor()
+    try:
+        out = dec.decompress(frame, max_length=expected_size)
+        if not dec.eof:
+            extra = dec.decompress(b"", max_length=1)
+            if extra:
+                raise DecompressionError(
+                    f"lz4 frame holds more than the declared {expected_size} uncompressed bytes"
+                )
+            raise DecompressionError("lz4 frame is incomplete")
+    except RuntimeError as e:
+        raise DecompressionError(f"invalid lz4 frame: {e}") from e
+    if len(out) != expected_size:
+        raise DecompressionError(
+            f"lz4 frame decompressed to {len(out)} bytes but the batch header says {expected_size}"
+        )
+    return out

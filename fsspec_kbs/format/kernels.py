@@ -1,0 +1,355 @@
+"""Record (de)serialisation loops over numpy buffers, JIT-compiled with numba.
+
+The very same functions run un-compiled when numba is missing or ``FSSPEC_KBS_NO_JIT=1``;
+tests compare both paths. Every kernel is written so that the scan pass proves all reads are
+in bounds before the fill pass copies anything (the fill pass does no checks).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+JIT_ENABLED = False
+
+
+def _identity(fn):  # type: ignore[no-untyped-def]
+    return fn
+
+
+kernel = _identity
+if os.environ.get("FSSPEC_KBS_NO_JIT", "") not in ("1", "true", "yes"):
+    try:
+        import numba
+
+        def kernel(fn):  # type: ignore[no-redef,no-untyped-def]
+            return numba.njit(cache=True, nogil=True)(fn)
+
+        JIT_ENABLED = True
+    except ImportError:  # pragma: no cover - numba is a core dependency
+        pass
+
+# Error codes returned by scan_records (the Python wrapper turns them into exceptions).
+OK = 0
+E_VARINT = 1
+E_TRUNCATED = 2
+E_LENGTH = 3
+E_OFFSET_ORDER = 4
+E_HEADER_COUNT = 5
+E_HEADER_KEY_NULL = 6
+E_TRAILING = 7
+E_OFFSET_RANGE = 8
+
+INT64_MAX = 9223372036854775807
+_LOW63 = 0x7FFFFFFFFFFFFFFF
+_LOW57 = 0x01FFFFFFFFFFFFFF
+
+
+@kernel
+def read_varint(buf, pos, end):  # type: ignore[no-untyped-def]
+    """Kafka zigzag varint at ``pos``; returns (value, next pos) or (0, -1) if malformed."""
+    result = 0
+    shift = 0
+    for i in range(10):
+        if pos >= end:
+            return 0, -1
+        b = int(buf[pos])
+        pos += 1
+        if i == 9 and b > 1:
+            return 0, -1  # more than 64 bits
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return ((result >> 1) & _LOW63) ^ -(result & 1), pos
+        shift += 7
+    return 0, -1
+
+
+@kernel
+def varint_size(v):  # type: ignore[no-untyped-def]
+    zz = (v << 1) ^ (v >> 63)
+    n = 1
+    while (zz & ~0x7F) != 0:
+        zz = (zz >> 7) & _LOW57
+        n += 1
+    return n
+
+
+@kernel
+def write_varint(out, pos, v):  # type: ignore[no-untyped-def]
+    zz = (v << 1) ^ (v >> 63)
+    while (zz & ~0x7F) != 0:
+        out[pos] = (zz & 0x7F) | 0x80
+        pos += 1
+        zz = (zz >> 7) & _LOW57
+    out[pos] = zz
+    return pos + 1
+
+
+@kernel
+def scan_records(buf, start, end, count, base_offset):  # type: ignore[no-untyped-def]
+    """Validate ``count`` records in ``buf[start:end]`` and size their variable-length parts.
+
+    Returns (code, error position, key bytes, value bytes, headers, header key bytes,
+    header value bytes).
+    """
+    pos = start
+    kb = 0
+    vb = 0
+    nh = 0
+    hkb = 0
+    hvb = 0
+    prev_delta = -1
+    for i in range(count):
+        rec = pos
+        delta, pos = read_varint(buf, pos, end)
+        if pos < 0:
+            return E_VARINT, rec, 0, 0, 0, 0, 0
+        if (i == 0 and delta != 0) or delta <= prev_delta:
+            return E_OFFSET_ORDER, rec, 0, 0, 0, 0, 0
+        if delta > INT64_MAX - base_offset:
+            return E_OFFSET_RANGE, rec, 0, 0, 0, 0, 0
+        prev_delta = delta
+        at = pos
+        _ts, pos = read_varint(buf, pos, end)
+        if pos < 0:
+            return E_VARINT, at, 0, 0, 0, 0, 0
+        for field in range(2):
+            at = pos
+            n, pos = read_varint(buf, pos, end)
+            if pos < 0:
+                return E_VARINT, at, 0, 0, 0, 0, 0
+            if n < -1:
+                return E_LENGTH, at, 0, 0, 0, 0, 0
+            if n > 0:
+                if n > end - pos:
+                    return E_TRUNCATED, at, 0, 0, 0, 0, 0
+                pos += n
+                if field == 0:
+                    kb += n
+                else:
+                    vb += n
+        at = pos
+        hc, pos = read_varint(buf, pos, end)
+        if pos < 0:
+            return E_VARINT, at, 0, 0, 0, 0, 0
+        if hc < 0:
+            return E_HEADER_COUNT, at, 0, 0, 0, 0, 0
+        if hc > (end - pos) // 2:  # each header takes >= 2 bytes
+            return E_TRUNCATED, at, 0, 0, 0, 0, 0
+        for _h in range(hc):
+            at = pos
+            n, pos = read_varint(buf, pos, end)
+            if pos < 0:
+                return E_VARINT, at, 0, 0, 0, 0, 0
+            if n == -1:
+                return E_HEADER_KEY_NULL, at, 0, 0, 0, 0, 0
+            if n < -1:
+                return E_LENGTH, at, 0, 0, 0, 0, 0
+            if n > end - pos:
+                return E_TRUNCATED, at, 0, 0, 0, 0, 0
+            pos += n
+            hkb += n
+            at = pos
+            n, pos = read_varint(buf, pos, end)
+            if pos < 0:
+                return E_VARINT, at, 0, 0, 0, 0, 0
+            if n < -1:
+                return E_LENGTH, at, 0, 0, 0, 0, 0
+            if n > 0:
+                if n > end - pos:
+                    return E_TRUNCATED, at, 0, 0, 0, 0, 0
+                pos += n
+                hvb += n
+        nh += hc
+    if pos != end:
+        return E_TRAILING, pos, 0, 0, 0, 0, 0
+    return OK, 0, kb, vb, nh, hkb, hvb
+
+
+@kernel
+def fill_records(  # type: ignore[no-untyped-def]
+    buf, start, count, base_offset, row, hrow,
+    offsets, timestamps,
+    key_offsets, key_data, key_valid,
+    value_offsets, value_data, value_valid,
+    header_offsets, hkey_offsets, hkey_data, hvalue_offsets, hvalue_data, hvalue_valid,
+):
+    """Decode records already validated by :func:`scan_records` into rows ``row…``.
+
+    The ``*_offsets`` arrays must hold the running cursors at ``[row]`` / ``[hrow]``.
+    """
+    pos = start
+    ts = 0
+    for i in range(count):
+        r = row + i
+        delta, pos = read_varint(buf, pos, pos + 10)
+        offsets[r] = base_offset + delta
+        d, pos = read_varint(buf, pos, pos + 10)
+        ts = d if i == 0 else ts + d
+        timestamps[r] = ts
+        n, pos = read_varint(buf, pos, pos + 10)
+        k0 = key_offsets[r]
+        if n >= 0:
+            key_data[k0 : k0 + n] = buf[pos : pos + n]
+            pos += n
+            key_offsets[r + 1] = k0 + n
+            key_valid[r] = True
+        else:
+            key_offsets[r + 1] = k0
+            key_valid[r] = False
+        n, pos = read_varint(buf, pos, pos + 10)
+        v0 = value_offsets[r]
+        if n >= 0:
+            value_data[v0 : v0 + n] = buf[pos : pos + n]
+            pos += n
+            value_offsets[r + 1] = v0 + n
+            value_valid[r] = True
+        else:
+            value_offsets[r + 1] = v0
+            value_valid[r] = False
+        hc, pos = read_varint(buf, pos, pos + 10)
+        for _h in range(hc):
+            n, pos = read_varint(buf, pos, pos + 10)
+            a = hkey_offsets[hrow]
+            hkey_data[a : a + n] = buf[pos : pos + n]
+            pos += n
+            hkey_offsets[hrow + 1] = a + n
+            n, pos = read_varint(buf, pos, pos + 10)
+            a = hvalue_offsets[hrow]
+            if n >= 0:
+                hvalue_data[a : a + n] = buf[pos : pos + n]
+                pos += n
+                hvalue_offsets[hrow + 1] = a + n
+                hvalue_valid[hrow] = True
+            else:
+                hvalue_offsets[hrow + 1] = a
+                hvalue_valid[hrow] = False
+            hrow += 1
+        header_offsets[r + 1] = header_offsets[r] + hc
+    return pos
+
+
+@kernel
+def _record_size(  # type: ignore[no-untyped-def]
+    i, odelta, tdelta,
+    key_offsets, key_valid, value_offsets, value_valid,
+    header_offsets, hkey_offsets, hvalue_offsets, hvalue_valid,
+):
+    size = varint_size(odelta) + varint_size(tdelta)
+    if key_valid[i]:
+        n = key_offsets[i + 1] - key_offsets[i]
+        size += varint_size(n) + n
+    else:
+        size += 1
+    if value_valid[i]:
+        n = value_offsets[i + 1] - value_offsets[i]
+        size += varint_size(n) + n
+    else:
+        size += 1
+    h0 = header_offsets[i]
+    h1 = header_offsets[i + 1]
+    size += varint_size(h1 - h0)
+    for h in range(h0, h1):
+        n = hkey_offsets[h + 1] - hkey_offsets[h]
+        size += varint_size(n) + n
+        if hvalue_valid[h]:
+            n = hvalue_offsets[h + 1] - hvalue_offsets[h]
+            size += varint_size(n) + n
+        else:
+            size += 1
+    return size
+
+
+@kernel
+def plan_batches(  # type: ignore[no-untyped-def]
+    offsets, timestamps,
+    key_offsets, key_valid, value_offsets, value_valid,
+    header_offsets, hkey_offsets, hvalue_offsets, hvalue_valid,
+    max_bytes, max_records,
+):
+    """Greedy cut of rows into batches of at most ``max_bytes`` encoded bytes.
+
+    Returns (cuts, sizes): batch ``b`` holds rows ``cuts[b]:cuts[b + 1]`` and encodes to
+    ``sizes[b]`` bytes. A single record larger than ``max_bytes`` gets a batch of its own.
+    """
+    n = len(offsets)
+    cuts = np.empty(n + 1, dtype=np.int64)
+    sizes = np.empty(n + 1, dtype=np.int64)
+    nb = 0
+    cuts[0] = 0
+    start = 0
+    cur = 0
+    for i in range(n):
+        if i == start:
+            s = _record_size(i, 0, timestamps[i], key_offsets, key_valid, value_offsets,
+                             value_valid, header_offsets, hkey_offsets, hvalue_offsets, hvalue_valid)
+        else:
+            s = _record_size(i, offsets[i] - offsets[start], timestamps[i] - timestamps[i - 1],
+                             key_offsets, key_valid, value_offsets, value_valid,
+                             header_offsets, hkey_offsets, hvalue_offsets, hvalue_valid)
+            if cur + s > max_bytes or i - start >= max_records:
+                sizes[nb] = cur
+                nb += 1
+                cuts[nb] = i
+                start = i
+                s = _record_size(i, 0, timestamps[i], key_offsets, key_valid, value_offsets,
+                                 value_valid, header_offsets, hkey_offsets, hvalue_offsets,
+                                 hvalue_valid)
+                cur = 0
+        cur += s
+    if n > 0:
+        sizes[nb] = cur
+        nb += 1
+        cuts[nb] = n
+    return cuts[: nb + 1], sizes[:nb]
+
+
+@kernel
+def encode_records(  # type: ignore[no-untyped-def]
+    r0, r1, out,
+    offsets, timestamps,
+    key_offsets, key_data, key_valid,
+    value_offsets, value_data, value_valid,
+    header_offsets, hkey_offsets, hkey_data, hvalue_offsets, hvalue_data, hvalue_valid,
+):
+    """Encode rows ``r0:r1`` as one batch into ``out`` (sized by :func:`plan_batches`)."""
+    pos = 0
+    base = offsets[r0]
+    for i in range(r0, r1):
+        pos = write_varint(out, pos, offsets[i] - base)
+        pos = write_varint(out, pos, timestamps[i] if i == r0 else timestamps[i] - timestamps[i - 1])
+        if key_valid[i]:
+            a = key_offsets[i]
+            n = key_offsets[i + 1] - a
+            pos = write_varint(out, pos, n)
+            out[pos : pos + n] = key_data[a : a + n]
+            pos += n
+        else:
+            pos = write_varint(out, pos, -1)
+        if value_valid[i]:
+            a = value_offsets[i]
+            n = value_offsets[i + 1] - a
+            pos = write_varint(out, pos, n)
+            out[pos : pos + n] = value_data[a : a + n]
+            pos += n
+        else:
+            pos = write_varint(out, pos, -1)
+        h0 = header_offsets[i]
+        h1 = header_offsets[i + 1]
+        pos = write_varint(out, pos, h1 - h0)
+        for h in range(h0, h1):
+            a = hkey_offsets[h]
+            n = hkey_offsets[h + 1] - a
+            pos = write_varint(out, pos, n)
+            out[pos : pos + n] = hkey_data[a : a + n]
+            pos += n
+            if hvalue_valid[h]:
+                a = hvalue_offsets[h]
+                n = hvalue_offsets[h + 1] - a
+                pos = write_varint(out, pos, n)
+                out[pos : pos + n] = hvalue_data[a : a + n]
+                pos += n
+            else:
+                pos = write_varint(out, pos, -1)
+    return pos

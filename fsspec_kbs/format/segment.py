@@ -1,0 +1,376 @@
+"""KBS segment files: 32-byte header, record batches, 16-byte footer (kbs-format.md §2)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from fsspec_kbs.errors import (
+    BadMagicError,
+    ChecksumError,
+    DecompressionError,
+    RecordFormatError,
+    SegmentFormatError,
+    SegmentMismatchError,
+    TruncatedSegmentError,
+)
+from fsspec_kbs.format.checksums import crc32, crc64_xz
+from fsspec_kbs.format.codecs import Codec, codec_from_code, compress, decompress
+from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.records import EncodedBatch, Payload, RecordDecodeError, as_uint8, decode_payloads
+
+MAGIC = b"KBS1"
+FOOTER_MAGIC = b"KBSF"
+VERSION = 1
+HEADER_SIZE = 32
+BATCH_HEADER_SIZE = 24
+FOOTER_SIZE = 16
+#: Writers keep batches at most this large (uncompressed), as the spec asks.
+MAX_BATCH_UNCOMPRESSED = 16 * 1024 * 1024
+#: Readers refuse batches claiming more than this: a bound on any single allocation.
+READ_BATCH_LIMIT = 256 * 1024 * 1024
+INT64_MAX = 2**63 - 1
+
+_HEADER = struct.Struct("<4sBBHQQQ")
+_BATCH = struct.Struct("<QIIII")
+_FOOTER = struct.Struct("<QI4s")
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    codec: Codec
+    flags: int
+    first_offset: int
+    record_count: int
+    checksum: int
+    version: int = VERSION
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(MAGIC, self.version, int(self.codec), self.flags,
+                            self.first_offset, self.record_count, self.checksum)
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview, path: str | None = None) -> SegmentHeader:
+        """Parse and check the 32-byte header (magic, version, codec)."""
+        if len(data) < HEADER_SIZE:
+            raise TruncatedSegmentError(
+                f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header", path, len(data)
+            )
+        magic, version, code, flags, first, count, checksum = _HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise BadMagicError(f"segment magic is {bytes(magic)!r}, expected {MAGIC!r}", path, 0)
+        if version != VERSION:
+            raise SegmentFormatError(
+                f"segment format version {version} is not supported (this reader knows version {VERSION})",
+                path, 4,
+            )
+        try:
+            codec = codec_from_code(code)
+        except SegmentFormatError as e:
+            raise e.located(path or "<segment>", 5) from None
+        return cls(codec, flags, first, count, checksum, version)
+
+
+@dataclass(frozen=True)
+class SegmentFooter:
+    last_offset: int
+    batch_count: int
+
+    def pack(self) -> bytes:
+        return _FOOTER.pack(self.last_offset, self.batch_count, FOOTER_MAGIC)
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview, path: str | None = None) -> SegmentFooter:
+        """Parse the footer from the last 16 bytes of a whole segment file."""
+        size = len(data)
+        if size < HEADER_SIZE + FOOTER_SIZE:
+            raise TruncatedSegmentError(
+                f"file is {size} bytes, too short for header and footer", path, size
+            )
+        last, batches, magic = _FOOTER.unpack_from(data, size - FOOTER_SIZE)
+        if magic != FOOTER_MAGIC:
+            raise TruncatedSegmentError(
+                f"no {FOOTER_MAGIC.decode()} footer at the end of the file ({size} bytes): "
+                "the segment is truncated or damaged",
+                path, size - FOOTER_SIZE,
+            )
+        return cls(last, batches)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Where a batch sits in its segment and what its header says."""
+
+    index: int
+    position: int  # file offset of the 24-byte batch header
+    base_offset: int
+    record_count: int
+    compressed_size: int
+    uncompressed_size: int
+    crc: int
+
+    @property
+    def data_position(self) -> int:
+        return self.position + BATCH_HEADER_SIZE
+
+    @property
+    def end(self) -> int:
+        return self.data_position + self.compressed_size
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """What a written segment holds: the fields of a 1.1 ``segment_index`` entry and more."""
+
+    first_offset: int
+    last_offset: int
+    records: int
+    min_timestamp: int | None
+    max_timestamp: int | None
+    size_bytes: int
+    crc64: int
+    uncompressed_bytes: int
+    batches: int
+
+
+class SegmentReader:
+    """Checks and decodes one whole segment held in memory.
+
+    Parameters
+    ----------
+    data : bytes-like
+        The complete segment file.
+    path : str, optional
+        Named in every error.
+    verify_checksums : bool, default True
+        Check the segment CRC-64 and every batch CRC-32.
+    """
+
+    def __init__(self, data: bytes | memoryview, path: str | None = None, verify_checksums: bool = True):
+        self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        self.path = path
+        self.verify = verify_checksums
+        self.header = SegmentHeader.parse(data, path)
+        self.footer = SegmentFooter.parse(data, path)
+        self.size = len(data)
+        self._batches: list[BatchInfo] | None = None
+        if verify_checksums:
+            actual = crc64_xz(memoryview(data)[HEADER_SIZE : self.size - FOOTER_SIZE])
+            if actual != self.header.checksum:
+                self._diagnose()
+                raise ChecksumError(
+                    f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}",
+                    path, 24,
+                )
+
+    def _diagnose(self) -> None:
+        """Raise the most specific error for a segment whose CRC-64 failed, if one is found."""
+        for info in self.batches():
+            self.payload(info)
+
+    @property
+    def codec(self) -> Codec:
+        return self.header.codec
+
+    def batches(self) -> list[BatchInfo]:
+        """Walk the batch headers and check the structure against header and footer."""
+        if self._batches is not None:
+            return self._batches
+        out: list[BatchInfo] = []
+        pos = HEADER_SIZE
+        end = self.size - FOOTER_SIZE
+        records = 0
+        prev_base = -1
+        while pos < end:
+            if end - pos < BATCH_HEADER_SIZE:
+                raise TruncatedSegmentError(
+                    f"{end - pos} stray bytes before the footer, too few for a batch header", self.path, pos
+                )
+            base, count, csize, usize, crc = _BATCH.unpack_from(self.data, pos)
+            info = BatchInfo(len(out), pos, base, count, csize, usize, crc)
+            if count < 1:
+                raise SegmentFormatError("batch record count is 0", self.path, pos + 8)
+            if base > INT64_MAX:
+                raise SegmentFormatError(f"batch base offset {base} exceeds 2^63-1", self.path, pos)
+            if base <= prev_base:
+                raise SegmentMismatchError(
+                    f"batch base offset {base} does not increase (previous batch starts at {prev_base})",
+                    self.path, pos,
+                )
+            if csize > end - info.data_position:
+                raise TruncatedSegmentError(
+                    f"batch claims {csize} compressed bytes but only {end - info.data_position} remain "
+                    "before the footer",
+                    self.path, pos + 12,
+                )
+            if usize > READ_BATCH_LIMIT:
+                raise SegmentFormatError(
+                    f"batch claims {usize} uncompressed bytes, above the reader's limit of {READ_BATCH_LIMIT}",
+                    self.path, pos + 16,
+                )
+            if self.codec == Codec.NONE and csize != usize:
+                raise SegmentMismatchError(
+                    f"uncompressed segment but batch sizes differ ({csize} vs {usize})", self.path, pos + 12
+                )
+            out.append(info)
+            records += count
+            prev_base = base
+            pos = info.end
+        h = self.header
+        if records != h.record_count:
+            raise SegmentMismatchError(
+                f"header says {h.record_count} records but the batches hold {records}", self.path, 16
+            )
+        if len(out) != self.footer.batch_count:
+            raise SegmentMismatchError(
+                f"footer says {self.footer.batch_count} batches but the file holds {len(out)}",
+                self.path, self.size - FOOTER_SIZE + 8,
+            )
+        expected_first = out[0].base_offset if out else 0
+        if h.first_offset != expected_first:
+            raise SegmentMismatchError(
+                f"header first offset {h.first_offset} but the first batch starts at {expected_first}",
+                self.path, 8,
+            )
+        self._batches = out
+        return out
+
+    def payload(self, info: BatchInfo) -> Payload:
+        """Check the CRC-32 and decompress one batch."""
+        frame = memoryview(self.data)[info.data_position : info.end]
+        if self.verify:
+            actual = crc32(frame)
+            if actual != info.crc:
+                raise ChecksumError(
+                    f"batch {info.index} CRC-32 is {actual:#010x} but its header says {info.crc:#010x}",
+                    self.path, info.position + 20,
+                )
+        try:
+            raw = decompress(self.codec, frame, info.uncompressed_size)
+        except DecompressionError as e:
+            raise e.located(self.path or "<segment>", info.position) from e
+        return Payload(as_uint8(raw), info.base_offset, info.record_count)
+
+    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
+        """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``."""
+        group: list[BatchInfo] = []
+        size = 0
+        prev_last = -1
+        batches = self.batches()
+        for info in batches:
+            group.append(info)
+            size += info.uncompressed_size
+            if size >= max_chunk_bytes:
+                cols = self._decode(group)
+                prev_last = self._check_order(group, cols, prev_last)
+                yield cols
+                group, size = [], 0
+        if group:
+            cols = self._decode(group)
+            prev_last = self._check_order(group, cols, prev_last)
+            yield cols
+        last = prev_last if batches else 0
+        if last != self.footer.last_offset:
+            raise SegmentMismatchError(
+                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
+                self.path, self.size - FOOTER_SIZE,
+            )
+
+    def read_all(self) -> RecordColumns | None:
+        """Every record of the segment as one :class:`RecordColumns` (None when empty)."""
+        chunks = list(self.iter_columns(max_chunk_bytes=2**62))
+        return chunks[0] if chunks else None
+
+    def _decode(self, group: Sequence[BatchInfo]) -> RecordColumns:
+        payloads = [self.payload(info) for info in group]
+        try:
+            return decode_payloads(payloads)
+        except RecordDecodeError as e:
+            info = group[e.batch]
+            if self.codec == Codec.NONE:
+                where, extra = info.data_position + e.position, ""
+            else:
+                where = info.position
+                extra = f" (byte {e.position} of its decompressed records)"
+            raise RecordFormatError(f"batch {info.index}{extra}: {e.reason}", self.path, where) from e
+
+    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns, prev_last: int) -> int:
+        row = 0
+        for info in group:
+            if info.base_offset <= prev_last:
+                raise SegmentMismatchError(
+                    f"batch {info.index} starts at offset {info.base_offset}, not above the previous "
+                    f"batch's last offset {prev_last}",
+                    self.path, info.position,
+                )
+            row += info.record_count
+            prev_last = int(cols.offsets[row - 1])
+        return prev_last
+
+
+@dataclass(frozen=True)
+class CompressedBatch:
+    """A batch compressed and ready to be placed in a segment."""
+
+    base_offset: int
+    last_offset: int
+    count: int
+    min_timestamp: int
+    max_timestamp: int
+    uncompressed_size: int
+    frame: bytes
+
+    @property
+    def size(self) -> int:
+        return BATCH_HEADER_SIZE + len(self.frame)
+
+
+def compress_batch(batch: EncodedBatch, codec: Codec, level: int | None = None) -> CompressedBatch:
+    return CompressedBatch(
+        base_offset=batch.base_offset,
+        last_offset=batch.last_offset,
+        count=batch.count,
+        min_timestamp=batch.min_timestamp,
+        max_timestamp=batch.max_timestamp,
+        uncompressed_size=len(batch.data),
+        frame=compress(codec, batch.data, level),
+    )
+
+
+def assemble_segment(
+    batches: Sequence[CompressedBatch], codec: Codec, flags: int = 0
+) -> tuple[bytes, SegmentStats]:
+    """Lay out header, batches and footer of a complete segment file."""
+    parts: list[bytes] = []
+    crc = crc64_xz(b"")
+    for b in batches:
+        head = _BATCH.pack(b.base_offset, b.count, len(b.frame), b.uncompressed_size, crc32(b.frame))
+        crc = crc64_xz(b.frame, crc64_xz(head, crc))
+        parts.append(head)
+        parts.append(b.frame)
+    records = sum(b.count for b in batches)
+    first = batches[0].base_offset if batches else 0
+    last = batches[-1].last_offset if batches else 0
+    header = SegmentHeader(codec, flags, first, records, crc).pack()
+    footer = SegmentFooter(last, len(batches)).pack()
+    data = b"".join([header, *parts, footer])
+    stats = SegmentStats(
+        first_offset=first,
+        last_offset=last,
+        records=records,
+        min_timestamp=min(b.min_timestamp for b in batches) if batches else None,
+        max_timestamp=max(b.max_timestamp for b in batches) if batches else None,
+        size_bytes=len(data),
+        crc64=crc,
+        uncompressed_bytes=sum(b.uncompressed_size for b in batches),
+        batches=len(batches),
+    )
+    return data, stats
+
+
+def encode_segment(
+    batches: Sequence[EncodedBatch], codec: Codec, level: int | None = None, flags: int = 0
+) -> tuple[bytes, SegmentStats]:
+    """Compress ``batches`` and assemble a complete segment file."""
+    return assemble_segment([compress_batch(b, codec, level) for b in batches], codec, flags)
