@@ -1,0 +1,1 @@
+"""The ``kbs`` command line."""
