@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import fsspec
@@ -10,12 +11,39 @@ from fsspec.core import url_to_fs
 from fsspec_kbs.errors import InvalidNameError
 from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.names import MANIFEST, check_backup_id
+from fsspec_kbs.store.oso_backup import OsoBackup, is_oso_manifest, looks_like_oso_without_manifest
 
 
 def open_backup(url: str, storage_options: dict | None = None, allow_incomplete: bool = False,
                 fs: fsspec.AbstractFileSystem | None = None) -> KbsBackup:
-    """Open the backup at ``url``; the layout is detected from what is stored there."""
+    """Open the backup at ``url``; the layout is detected from what is stored there.
+
+    A manifest without ``version`` whose partitions have ``partition_id``/``segments`` is the
+    OSO kafka-backup tool's (:class:`~fsspec_kbs.store.oso_backup.OsoBackup`); without a
+    manifest, ``topics/<t>/partition=<p>/`` directories tell the same. Anything else is KBS.
+    """
+    if detect_layout(url, storage_options, fs) == "oso":
+        return OsoBackup.open(url, storage_options, allow_incomplete=allow_incomplete, fs=fs)
     return KbsBackup.open(url, storage_options, allow_incomplete=allow_incomplete, fs=fs)
+
+
+def detect_layout(url: str, storage_options: dict | None = None,
+                  fs: fsspec.AbstractFileSystem | None = None) -> str:
+    """``"oso"`` or ``"kbs"`` for the backup at ``url`` (one small read, two listings at most)."""
+    if fs is None:
+        fs, path = url_to_fs(url, **(storage_options or {}))
+    else:
+        path = url
+    path = path.rstrip("/")
+    try:
+        raw = fs.cat_file(f"{path}/{MANIFEST}")
+    except FileNotFoundError:
+        return "oso" if looks_like_oso_without_manifest(fs, path) else "kbs"
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "kbs"  # KbsBackup reports the broken manifest
+    return "oso" if is_oso_manifest(doc) else "kbs"
 
 
 @dataclass(frozen=True)
