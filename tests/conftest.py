@@ -10,6 +10,7 @@ import pytest
 
 pytest_plugins = [
     "tests.fixtures.s3",
+    "tests.fixtures.kafka",
 ]
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -1,0 +1,224 @@
+"""``kbs backup`` and ``kbs restore``: a live Kafka cluster to a KBS backup and back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from fsspec_kbs.cli.common import (
+    console,
+    fail,
+    human_bytes,
+    iso_ms,
+    out,
+    redact,
+    storage_options_from,
+    storage_options_option,
+)
+from fsspec_kbs.errors import KbsError
+
+
+class _Rate(ProgressColumn):
+    """records/s and MB/s from the task's own counters."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed or 0.0
+        if elapsed <= 0:
+            return Text("-", style="progress.data.speed")
+        mb = task.fields.get("nbytes", 0) / elapsed / 1e6
+        return Text(f"{task.completed / elapsed:,.0f} rec/s  {mb:,.1f} MB/s", style="progress.data.speed")
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[tuple[Callable[[int, int], None], Callable[[int], None]]]:
+    """Yields (advance(records, bytes), set_total(records))."""
+    if quiet:
+        yield (lambda n, b: None), (lambda total: None)
+        return
+    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                    TextColumn("{task.completed:,.0f} records"), _Rate(), TimeElapsedColumn(),
+                    console=console, transient=False)
+    task = prog.add_task(label, total=None, nbytes=0)
+    last = [0.0]
+
+    def advance(n: int, b: int) -> None:
+        t = prog.tasks[0]
+        t.fields["nbytes"] = t.fields.get("nbytes", 0) + b
+        prog.advance(task, n)
+        now = time.monotonic()
+        if now - last[0] > 0.1:
+            last[0] = now
+            prog.refresh()
+
+    def set_total(total: int) -> None:
+        prog.update(task, total=total)
+
+    with prog:
+        yield advance, set_total
+
+
+def _client_options(fn: Callable) -> Callable:
+    for opt in reversed([
+        click.option("-b", "--bootstrap-servers", help="Kafka bootstrap servers, HOST:PORT[,...]."),
+        click.option("-X", "client_config", multiple=True, metavar="KEY=VALUE",
+                     help="librdkafka client property (repeatable), e.g. -X security.protocol=SASL_SSL."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="Client properties file (key=value lines); -X and --bootstrap-servers override it."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _client_config(bootstrap: str | None, config_file: str | None, pairs: tuple[str, ...]) -> dict[str, str]:
+    from fsspec_kbs.kafka.config import merge_client_config
+
+    return merge_client_config(bootstrap, config_file, pairs)
+
+
+def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
+    from fsspec_kbs.kafka.backup import default_backup_id
+
+    bid = backup_id or default_backup_id()
+    return f"{to.rstrip('/')}/{bid}", bid
+
+
+@click.command("backup")
+@_client_options
+@click.option("-t", "--topics", "topics", multiple=True, required=True, metavar="REGEX",
+              help="Topics to back up: regular expression matched against the whole name (repeatable).")
+@click.option("--to", "to", required=True, metavar="URL", help="Storage root; the backup goes to URL/BACKUP_ID.")
+@click.option("--backup-id", help="Backup id (default backup-<UTC time>); required with --resume.")
+@click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), default="zstd", show_default=True)
+@click.option("--level", type=int, help="Compression level (zstd default 3).")
+@click.option("--segment-max-bytes", type=int, default=64 * 1024 * 1024, show_default=True,
+              help="Roll segments at this compressed size.")
+@click.option("--segment-max-records", type=int, help="Roll segments after this many records.")
+@click.option("--resume", is_flag=True, help="Continue the interrupted backup --backup-id from its checkpoint.")
+@click.option("--incremental-from", metavar="BACKUP_URL",
+              help="Start each partition after the last offset of this earlier backup.")
+@click.option("--include-internal", is_flag=True, help="Let the patterns match internal topics (__*).")
+@click.option("--no-consumer-groups", is_flag=True, help="Do not snapshot consumer-group offsets.")
+@click.option("--checkpoint-interval", type=float, default=60.0, show_default=True,
+              help="Seconds after which buffered records are written and checkpointed.")
+@storage_options_option
+def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], config_file: str | None, quiet: bool,
+               topics: tuple[str, ...], to: str, backup_id: str | None, compression: str, level: int | None,
+               segment_max_bytes: int, segment_max_records: int | None, resume: bool,
+               incremental_from: str | None, include_internal: bool, no_consumer_groups: bool,
+               checkpoint_interval: float, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
+    """Back up Kafka topics (a consistent cut: each partition up to its end offset at start)."""
+    from fsspec_kbs.kafka.backup import run_backup
+
+    try:
+        if resume and not backup_id:
+            raise click.UsageError("--resume needs the --backup-id of the backup to continue")
+        conf = _client_config(bootstrap_servers, config_file, client_config)
+        so = storage_options_from(storage_option, storage_options_json)
+        url, bid = _backup_url(to, backup_id)
+        if not quiet:
+            console.print(f"backup [bold]{bid}[/] -> {url}  (client: {redact(conf)})", highlight=False)
+        with _progress("resume" if resume else "backup", quiet) as (advance, set_total):
+            res = run_backup(conf, list(topics), url, storage_options=so, compression=compression, level=level,
+                             segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
+                             resume=resume, incremental_from=incremental_from, include_internal=include_internal,
+                             consumer_groups=not no_consumer_groups, checkpoint_interval=checkpoint_interval,
+                             progress=advance, on_plan=set_total)
+    except KbsError as e:
+        fail(e)
+        return
+    except Exception as e:  # librdkafka errors (KafkaException) and storage errors
+        fail(e)
+        return
+    m = res.manifest
+    stats = m.statistics if m is not None else {}
+    rate = res.bytes / res.seconds / 1e6 if res.seconds else 0.0
+    table = Table(title=f"backup {res.backup_id}" + (" (resumed)" if res.resumed else ""), show_header=False)
+    table.add_row("url", res.url)
+    table.add_row("partitions", str(len(res.partitions)))
+    table.add_row("records (this run)", f"{res.records:,}")
+    table.add_row("records (backup)", f"{stats.get('records', 0):,}")
+    table.add_row("segments", f"{stats.get('segments', 0):,}")
+    table.add_row("uncompressed", human_bytes(stats.get("uncompressed_bytes")))
+    table.add_row("compressed", human_bytes(stats.get("compressed_bytes")))
+    table.add_row("consumer groups", str(res.groups))
+    table.add_row("time", f"{res.seconds:.1f} s ({rate:.1f} MB/s)")
+    if quiet:
+        out.print(res.url, highlight=False)
+    else:
+        out.print(table)
+
+
+@click.command("restore")
+@click.argument("backup_url")
+@_client_options
+@click.option("-t", "--topic", "topics", multiple=True, help="Source topic to restore (repeatable; default all).")
+@click.option("--topic-pattern", help="Regular expression source topics must match.")
+@click.option("--map", "maps", multiple=True, metavar="SRC:DST", help="Restore topic SRC into DST (repeatable).")
+@click.option("-p", "--partition", "partitions", multiple=True, type=int, help="Source partition (repeatable).")
+@click.option("--from-time", help="Earliest record timestamp to restore (Unix ms or ISO 8601), inclusive.")
+@click.option("--to-time", help="Restore records before this timestamp (Unix ms or ISO 8601), exclusive.")
+@click.option("--offset-range", "offset_ranges", multiple=True, metavar="TOPIC:PARTITION:START:END",
+              help="Offset bounds of one source partition, START inclusive, END exclusive, either may be empty.")
+@click.option("--create-topics", is_flag=True, help="Create missing target topics with enough partitions.")
+@click.option("--replication-factor", type=int, default=-1, show_default=True,
+              help="For created topics (-1 = broker default).")
+@click.option("--include-offset-headers", is_flag=True, help="Add the source offset/timestamp/partition headers.")
+@click.option("--offset-header-style", type=click.Choice(["kbs", "oso"]), default="kbs", show_default=True,
+              help="kbs: x-kafka-backup-* as ASCII decimal; oso: x-original-offset/-timestamp (i64 LE) and "
+                   "x-source-partition (i32 LE).")
+@click.option("--restore-consumer-offsets", is_flag=True,
+              help="Set the backed-up consumer groups' offsets, translated to the restored records.")
+@click.option("--dry-run", is_flag=True, help="Print what would be restored and exit.")
+@storage_options_option
+def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: tuple[str, ...],
+                config_file: str | None, quiet: bool, topics: tuple[str, ...], topic_pattern: str | None,
+                maps: tuple[str, ...], partitions: tuple[int, ...], from_time: str | None, to_time: str | None,
+                offset_ranges: tuple[str, ...], create_topics: bool, replication_factor: int,
+                include_offset_headers: bool, offset_header_style: str, restore_consumer_offsets: bool,
+                dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
+    """Restore a backup into a Kafka cluster (same partition numbers, exact records)."""
+    from fsspec_kbs.kafka.restore import parse_map, parse_offset_ranges, run_restore
+
+    try:
+        conf = _client_config(bootstrap_servers, config_file, client_config)
+        so = storage_options_from(storage_option, storage_options_json)
+        if not quiet and not dry_run:
+            console.print(f"restore {backup_url} -> {conf['bootstrap.servers']}  (client: {redact(conf)})",
+                          highlight=False)
+        with _progress("restore", quiet or dry_run) as (advance, set_total):
+            res = run_restore(
+                backup_url, conf, storage_options=so, topics=list(topics) or None, topic_pattern=topic_pattern,
+                mapping=parse_map(maps), partitions=list(partitions) or None, from_time=from_time, to_time=to_time,
+                offset_ranges=parse_offset_ranges(offset_ranges), create_topics=create_topics,
+                replication_factor=replication_factor, include_offset_headers=include_offset_headers,
+                offset_header_style=offset_header_style, restore_consumer_offsets=restore_consumer_offsets,
+                dry_run=dry_run, progress=advance, on_plan=lambda plans: set_total(sum(p.records for p in plans)))
+    except Exception as e:
+        fail(e)
+        return
+    table = Table(title="dry run: would restore" if dry_run else "restored")
+    for col in ("source", "partition", "target", "records", "offsets", "time range"):
+        table.add_column(col)
+    for pp in res.plan:
+        table.add_row(pp.topic, str(pp.partition), pp.target, f"{pp.records:,}",
+                      f"{pp.first_offset}…{pp.last_offset}", f"{iso_ms(pp.min_timestamp)} … {iso_ms(pp.max_timestamp)}")
+    out.print(table)
+    if res.created_topics:
+        out.print(("would create" if dry_run else "created") + " topics: " + ", ".join(res.created_topics))
+    for gid, offs in res.group_offsets.items():
+        out.print(f"consumer group {gid}: " + ", ".join(f"{t}/{p}={o}" for (t, p), o in sorted(offs.items())))
+    if not dry_run:
+        rate = res.bytes / res.seconds / 1e6 if res.seconds else 0.0
+        out.print(f"{res.records:,} records, {human_bytes(res.bytes)} in {res.seconds:.1f} s ({rate:.1f} MB/s)")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(backup_cmd)
+    group.add_command(restore_cmd)

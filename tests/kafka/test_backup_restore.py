@@ -1,0 +1,275 @@
+"""kbs backup / kbs restore against a real Apache Kafka broker (scripts/kafka.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from fsspec_kbs.cli.main import cli
+from fsspec_kbs.dataset import KbsDataset
+from fsspec_kbs.errors import CommitConflictError, KbsError
+from fsspec_kbs.kafka import read_group_offsets, run_backup, run_restore
+from fsspec_kbs.kafka.backup import THROTTLE_ENV
+from fsspec_kbs.store import Checkpoint
+from fsspec_kbs.validate import validate_backup
+from tests.kafka.helpers import (
+    BASE_TS,
+    assert_same_records,
+    by_partition,
+    consume_all,
+    create_topic,
+    make_records,
+    produce,
+)
+
+pytestmark = pytest.mark.kafka
+REPO = Path(__file__).resolve().parents[2]
+
+
+def backup_rows(url: str) -> list[dict]:
+    """What a backup holds, as records comparable with :func:`produce`'s output."""
+    t = KbsDataset.open(url).to_table()
+    rows = []
+    for r in t.to_pylist():
+        rows.append({"topic": r["topic"], "partition": r["partition"], "offset": r["offset"], "key": r["key"],
+                     "value": r["value"], "timestamp": int(r["timestamp"].timestamp() * 1000),
+                     "headers": [(h["key"], h["value"]) for h in r["headers"]] or None})
+    return rows
+
+
+def strip(rows: list[dict]) -> list[tuple]:
+    return sorted((r["topic"], r["partition"], r["offset"], r["key"], r["value"], r["timestamp"],
+                   tuple(tuple(h) for h in r["headers"] or ())) for r in rows)
+
+
+@pytest.fixture
+def conf(kafka_broker) -> dict:
+    return kafka_broker.config()
+
+
+def test_roundtrip_via_cli_every_field(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("orders")
+    create_topic(conf, src, 3)
+    originals = produce(conf, src, make_records(1500, 3))
+    runner = CliRunner()
+    r = runner.invoke(cli, ["backup", "-b", kafka_broker.bootstrap, "-t", src, "--to", str(tmp_path),
+                            "--backup-id", "b1", "--segment-max-records", "200", "--compression", "lz4", "-q"])
+    assert r.exit_code == 0, r.output
+    url = str(tmp_path / "b1")
+    man = json.loads((tmp_path / "b1" / "manifest.json").read_text())
+    assert man["source_cluster"]["cluster_id"]
+    assert man["source_cluster"]["bootstrap_servers"] == [kafka_broker.bootstrap]
+    assert man["compression"]["algorithm"] == "lz4"
+    assert man["statistics"]["records"] == 1500
+    assert all(s["records"] <= 200 for t in man["topics"] for p in t["partitions"] for s in p["segment_index"])
+    ck = Checkpoint.from_json((tmp_path / "b1" / "checkpoints" / "checkpoint.json").read_bytes())
+    assert {p: v.offset for p, v in ck.topics[src].items()} == {p: 499 for p in range(3)}
+    assert strip(backup_rows(url)) == strip(originals)
+
+    r = runner.invoke(cli, ["validate", url, "--deep"])
+    assert r.exit_code == 0, r.output
+    assert validate_backup(url, deep=True).ok
+
+    dst = kafka_broker.new_topic("restored")
+    r = runner.invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--map", f"{src}:{dst}", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "dry run" in r.output
+    dry = run_restore(url, conf, mapping={src: dst}, dry_run=True)
+    assert [(pp.target, pp.partition, pp.records, pp.first_offset, pp.last_offset) for pp in dry.plan] == [
+        (dst, p, 500, 0, 499) for p in range(3)]
+    assert dst not in AdminClient(conf).list_topics(timeout=10).topics  # dry run created nothing
+    r = runner.invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--map", f"{src}:{dst}"])
+    assert r.exit_code != 0 and "--create-topics" in r.output
+    r = runner.invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--map", f"{src}:{dst}", "--create-topics",
+                            "--include-offset-headers", "-q"])
+    assert r.exit_code == 0, r.output
+    restored = consume_all(conf, dst)
+    assert len(AdminClient(conf).list_topics(timeout=10).topics[dst].partitions) == 3
+    assert all(r["timestamp_type"] == 1 for r in restored)  # CreateTime, the original value
+    assert_same_records(restored, originals, lambda w: [
+        ("x-kafka-backup-offset", str(w["offset"]).encode()),
+        ("x-kafka-backup-timestamp", str(w["timestamp"]).encode()),
+        ("x-kafka-backup-partition", str(w["partition"]).encode())])
+
+
+def test_restore_oso_offset_headers_and_secrets_not_printed(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("oso")
+    create_topic(conf, src, 2)
+    originals = produce(conf, src, make_records(200, 2, seed=5))
+    url = str(tmp_path / "b")
+    run_backup(conf, [src], url)
+    dst = kafka_broker.new_topic("oso-restored")
+    cfg = tmp_path / "client.properties"
+    cfg.write_text(f"# test\nbootstrap.servers={kafka_broker.bootstrap}\nsasl.password=hunter2\n")
+    # sasl.password alone (security.protocol PLAINTEXT) is ignored by librdkafka with a warning only.
+    r = CliRunner().invoke(cli, ["restore", url, "--config", str(cfg), "--map", f"{src}:{dst}", "--create-topics",
+                                 "--include-offset-headers", "--offset-header-style", "oso"])
+    assert r.exit_code == 0, r.output
+    assert "hunter2" not in r.output
+    assert_same_records(consume_all(conf, dst), originals, lambda w: [
+        ("x-original-offset", struct.pack("<q", w["offset"])),
+        ("x-original-timestamp", struct.pack("<q", w["timestamp"])),
+        ("x-source-partition", struct.pack("<i", w["partition"]))])
+
+
+def _checkpoint_offsets(path: Path) -> dict:
+    try:
+        ck = Checkpoint.from_json(path.read_bytes())
+    except (FileNotFoundError, KbsError):
+        return {}
+    return {(t, p): v.offset for t, ps in ck.topics.items() for p, v in ps.items()}
+
+
+def test_resume_after_kill_9_no_loss_no_duplicates(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("resume")
+    create_topic(conf, src, 2)
+    originals = produce(conf, src, make_records(4000, 2, seed=2))
+    env = {**os.environ, THROTTLE_ENV: "0.05"}
+    cmd = [sys.executable, "-m", "fsspec_kbs.cli.main", "backup", "-b", kafka_broker.bootstrap, "-t", src,
+           "--to", str(tmp_path), "--backup-id", "b", "--segment-max-records", "150", "-q"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ck_path = tmp_path / "b" / "checkpoints" / "checkpoint.json"
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            offs = _checkpoint_offsets(ck_path)
+            if offs and sum(o + 1 for o in offs.values()) >= 900:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        else:
+            pytest.fail("backup made no progress")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    at_kill = _checkpoint_offsets(ck_path)
+    assert sum(o + 1 for o in at_kill.values()) < 4000, "killed too late to test anything"
+    # A segment the checkpoint does not vouch for (as if kill -9 hit between write and checkpoint).
+    stray = tmp_path / "b" / "topics" / src / "0" / "segment-00009999.kbs"
+    stray.write_bytes(b"KBS1 half-written")
+    # Records produced after the cut must not enter the resumed backup either.
+    produce(conf, src, make_records(50, 2, seed=3))
+
+    with pytest.raises(CommitConflictError):
+        run_backup(conf, [src], str(tmp_path / "b"))  # not --resume: refuses to touch it
+    res = run_backup(conf, [src], str(tmp_path / "b"), resume=True, segment_max_records=150)
+    assert res.resumed
+    assert 0 < res.records < 4000
+    assert not stray.exists()
+    assert strip(backup_rows(str(tmp_path / "b"))) == strip(originals)
+    assert validate_backup(str(tmp_path / "b"), deep=True).ok
+    with pytest.raises(CommitConflictError):
+        run_backup(conf, [src], str(tmp_path / "b"), resume=True)
+
+
+def test_incremental_backup_and_restore_both(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("incr")
+    create_topic(conf, src, 3)
+    first = produce(conf, src, make_records(600, 3, seed=7))
+    b1 = str(tmp_path / "b1")
+    r1 = run_backup(conf, [src], b1)
+    assert r1.records == 600
+    second = produce(conf, src, make_records(300, 3, seed=8, base_ts=BASE_TS + 10_000_000))
+    b2 = str(tmp_path / "b2")
+    r2 = run_backup(conf, [src], b2, incremental_from=b1)
+    assert r2.records == 300
+    assert strip(backup_rows(b2)) == strip(second)
+    man = json.loads((tmp_path / "b2" / "manifest.json").read_text())
+    assert man["kafka"]["backup_type"] == "incremental"
+    r3 = run_backup(conf, [src], str(tmp_path / "b3"), incremental_from=b2)
+    assert r3.records == 0
+
+    dst = kafka_broker.new_topic("incr-restored")
+    run_restore(b1, conf, mapping={src: dst}, create_topics=True)
+    run_restore(b2, conf, mapping={src: dst})
+    assert_same_records(consume_all(conf, dst), first + second)
+
+
+def test_point_in_time_and_offset_bounds(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("pitr")
+    create_topic(conf, src, 2)
+    originals = produce(conf, src, make_records(1000, 2, seed=9))
+    url = str(tmp_path / "b")
+    run_backup(conf, [src], url, segment_max_records=100)
+    lo, hi = BASE_TS + 2000, BASE_TS + 7000
+    dst = kafka_broker.new_topic("pitr-time")
+    res = run_restore(url, conf, mapping={src: dst}, create_topics=True, from_time=lo,
+                      to_time="2023-11-14T22:13:27Z")  # = BASE_TS + 7000 ms, exclusive
+    want = [r for r in originals if lo <= r["timestamp"] < hi]
+    assert res.records == len(want) == 500
+    assert_same_records(consume_all(conf, dst), want)
+
+    dst2 = kafka_broker.new_topic("pitr-offsets")
+    run_restore(url, conf, mapping={src: dst2}, create_topics=True,
+                offset_ranges={(src, 0): (100, 250), (src, 1): (None, 10)})
+    want2 = [r for r in originals if (r["partition"] == 0 and 100 <= r["offset"] < 250)
+             or (r["partition"] == 1 and r["offset"] < 10)]
+    got2 = consume_all(conf, dst2)
+    assert len(got2) == 160
+    assert_same_records(got2, want2)
+
+
+def test_consumer_group_offsets_translated(kafka_broker, conf, tmp_path):
+    src = kafka_broker.new_topic("groups")
+    create_topic(conf, src, 2)
+    originals = produce(conf, src, make_records(400, 2, seed=11))  # 200 per partition
+    group = f"g-{src}"
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(src, 0, 130), TopicPartition(src, 1, 200)], asynchronous=False)
+    c.close()
+    url = str(tmp_path / "b")
+    res = run_backup(conf, [src], url)
+    assert res.groups >= 1
+    import fsspec
+
+    snap = {g.group_id: g.offsets for g in read_group_offsets(fsspec.filesystem("file"), url)}
+    assert snap[group] == {src: {0: 130, 1: 200}}
+
+    # Restore only records from time T on: source offsets shift, the group's offsets must follow.
+    t_from = BASE_TS + 1000  # drops source offsets 0..49 of each partition
+    dst = kafka_broker.new_topic("groups-restored")
+    out = run_restore(url, conf, mapping={src: dst}, create_topics=True, from_time=t_from,
+                      restore_consumer_offsets=True)
+    restored = by_partition(consume_all(conf, dst))
+    kept = by_partition([r for r in originals if r["timestamp"] >= t_from])
+    # partition 0: committed 130 -> target offset of the first restored record with source offset >= 130
+    want0 = next(i for i, r in enumerate(kept[0]) if r["offset"] >= 130)
+    want0 = restored[0][want0]["offset"]
+    # partition 1: committed at the end (200) -> end of the restored data
+    want1 = restored[1][-1]["offset"] + 1
+    assert out.group_offsets[group] == {(dst, 0): want0, (dst, 1): want1}
+    admin = AdminClient(conf)
+    got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+    committed = {(tp.topic, tp.partition): tp.offset for tp in got.topic_partitions if tp.topic == dst}
+    assert committed == {(dst, 0): want0, (dst, 1): want1}
+    assert want0 == 80  # 50 records dropped before it
+    # A consumer of the group resumes at the translated record: same record as in the source.
+    assert restored[0][want0]["value"] == [r for r in originals if r["partition"] == 0][130]["value"]
+
+
+def test_errors_are_clear(kafka_broker, conf, tmp_path):
+    with pytest.raises(KbsError, match="no topic matches"):
+        run_backup(conf, ["does-not-exist-.*"], str(tmp_path / "x"))
+    src = kafka_broker.new_topic("err")
+    create_topic(conf, src, 2)
+    produce(conf, src, make_records(10, 2))
+    url = str(tmp_path / "b")
+    run_backup(conf, [src], url)
+    with pytest.raises(CommitConflictError):
+        run_backup(conf, [src], url)
+    small = kafka_broker.new_topic("small")
+    create_topic(conf, small, 1)
+    with pytest.raises(KbsError, match="partitions"):
+        run_restore(url, conf, mapping={src: small})
