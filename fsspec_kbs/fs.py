@@ -1,0 +1,446 @@
+"""``kbs://``: one backup, wherever it is stored, as a browsable read-only fsspec filesystem.
+
+The tree::
+
+    manifest.json                       the backup's manifest, as stored
+    <topic>/                            one directory per topic
+    <topic>/<partition>/                one directory per partition ("0", "1", ...)
+    <topic>/<partition>/<segment file>  raw segment bytes (served from the storage, range reads)
+    <topic>/<partition>/records.jsonl   decoded records as JSON lines (the ``kbs cat`` form)
+    <topic>/<partition>/records.parquet decoded records in the Kafka Arrow schema
+
+Registered under the entry point ``fsspec.specs`` so ``fsspec.filesystem("kbs", ...)`` and
+``kbs::`` URLs work without importing this package first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+from fsspec.core import url_to_fs
+
+from fsspec_kbs.errors import BackupNotFoundError, InvalidNameError
+from fsspec_kbs.fs_views import (
+    DEFAULT_SPOOL_BYTES,
+    JSONL,
+    PARQUET,
+    VIEWS,
+    KbsViewFile,
+    jsonl_chunks,
+    segment_info,
+    summary,
+    view_info,
+    write_parquet,
+)
+from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+
+try:  # fsspec >= 2025.x: url_to_fs hands a chained filesystem the full target path as its path too
+    from fsspec.implementations.chained import ChainedFileSystem as _Base
+except ImportError:  # pragma: no cover - older fsspec
+    _Base = AbstractFileSystem
+
+MANIFEST = "manifest.json"
+_GLOB = re.compile(r"[*?\[]")
+_READ_ONLY = "kbs:// is read-only: a backup is written with fsspec_kbs.write_table / BackupWriter, not through the filesystem"
+
+
+def _is_partition_name(name: str) -> bool:
+    return bool(re.fullmatch(r"0|[1-9][0-9]*", name))
+
+
+def _plausible_inner(parts: list[str]) -> bool:
+    """Whether ``parts`` could be a path inside the kbs tree (glob patterns allowed)."""
+    if not parts or len(parts) > 3:
+        return False
+    if len(parts) >= 2 and not (_is_partition_name(parts[1]) or _GLOB.search(parts[1])):
+        return False
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+class KbsFileSystem(_Base):
+    """A KBS backup as a read-only filesystem (protocol ``kbs``).
+
+    Parameters
+    ----------
+    fo : str
+        URL or path of the backup directory (``s3://bucket/backups/backup-1``, a local path…).
+        It may go on into the backup (``…/backup-1/orders/0/records.jsonl``): the backup root
+        is the deepest prefix holding a ``manifest.json``, which is how chained URLs
+        ``kbs::s3://bucket/backups/backup-1/orders/0/records.jsonl`` open a file directly.
+    target_protocol : str, optional
+        Protocol of the storage, if ``fo`` does not carry it (chained URLs set it).
+    target_options : dict, optional
+        Storage options for the target filesystem (``{"key": ..., "client_kwargs": ...}``).
+    fs : fsspec.AbstractFileSystem, optional
+        An existing filesystem holding the backup; ``fo`` is then a path on it and
+        ``target_protocol`` / ``target_options`` are ignored.
+    allow_incomplete : bool, default False
+        Browse a backup without ``manifest.json`` (interrupted); its segments are listed from
+        storage.
+    verify_checksums : bool, default True
+        Check CRCs while decoding ``records.jsonl`` / ``records.parquet``.
+    spool_bytes : int, default 16 MiB
+        Bytes of a decoded view kept in memory before it spills to a temporary file.
+    **kwargs
+        Passed to :class:`fsspec.AbstractFileSystem`.
+
+    Notes
+    -----
+    The manifest and segment listing are read once per instance and cached (a committed backup
+    does not change); :meth:`invalidate_cache` re-reads them, e.g. after an append. Like
+    fsspec's ``reference`` filesystem, instances are not shared between calls
+    (``cachable = False``): each ``fsspec.filesystem("kbs", ...)`` reads the manifest anew.
+
+    Raises
+    ------
+    BackupNotFoundError
+        (a ``FileNotFoundError``) when ``fo`` holds no backup; IncompleteBackupError when it
+        has no manifest and ``allow_incomplete`` is False.
+    PermissionError
+        on any write.
+
+    Examples
+    --------
+    >>> import fsspec
+    >>> fs = fsspec.filesystem("kbs", fo="s3://bucket/backups/backup-1",
+    ...                        target_options={"anon": False})  # doctest: +SKIP
+    >>> fs.ls("orders/0", detail=False)  # doctest: +SKIP
+    ['orders/0/segment-00000000.kbs', 'orders/0/records.jsonl', 'orders/0/records.parquet']
+    >>> with fsspec.open("kbs::s3://bucket/backups/backup-1/orders/0/records.jsonl", "rt") as f:
+    ...     first = f.readline()  # doctest: +SKIP
+
+    .. versionadded:: 0.1.0
+    """
+
+    protocol = "kbs"
+    root_marker = ""
+    cachable = False
+
+    def __init__(self, fo: str, target_protocol: str | None = None, target_options: dict | None = None,
+                 fs: fsspec.AbstractFileSystem | None = None, allow_incomplete: bool = False,
+                 verify_checksums: bool = True, spool_bytes: int = DEFAULT_SPOOL_BYTES,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(fo, str) or not fo:
+            raise ValueError("kbs:// needs fo=<URL of a backup directory>")
+        if fs is None:
+            if target_protocol:
+                fs = fsspec.filesystem(target_protocol, **(target_options or {}))
+                path = fs._strip_protocol(fo)
+            else:
+                fs, path = url_to_fs(fo, **(target_options or {}))
+        else:
+            path = fs._strip_protocol(fo)
+        self.fo = fo
+        self.target = fs
+        self.allow_incomplete = allow_incomplete
+        self.verify_checksums = verify_checksums
+        self.spool_bytes = spool_bytes
+        self.backup, self.fo_inner = self._resolve_backup(fs, path.rstrip("/"))
+        self._root_key = self.backup.path.strip("/")
+        #: URL of the backup root on its storage (for messages and ``info("")``)
+        self.url = fs.unstrip_protocol(self.backup.path)
+        self._tree: dict[str, dict[int, list[SegmentRef]]] | None = None
+        self._sizes: dict[tuple[str, int], dict[str, int]] = {}
+        self._view_sizes: dict[str, int] = {}
+        self._manifest_raw: bytes | None = None
+
+    # -- opening -----------------------------------------------------------------------------------
+    def _resolve_backup(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[KbsBackup, str]:
+        """The backup at ``path`` or at a prefix of it, and the rest of ``path`` inside it.
+
+        The whole path is tried first (one read of its manifest, the usual case); only if it is
+        no complete backup are the up to three prefixes a kbs path can extend checked.
+        """
+        error: Exception | None = None
+        incomplete = None
+        try:
+            backup = open_backup(path, allow_incomplete=self.allow_incomplete, fs=fs)
+            if backup.complete:
+                return backup, ""
+            incomplete = backup
+        except (BackupNotFoundError, InvalidNameError) as e:
+            error = e
+        candidates = self._deeper_candidates(path)
+        for root, inner in candidates:
+            if fs.exists(f"{root}/{MANIFEST}"):
+                return open_backup(root, allow_incomplete=self.allow_incomplete, fs=fs), inner
+        for root, inner in candidates:
+            if fs.isdir(f"{root}/topics"):  # a backup without manifest: IncompleteBackupError unless allowed
+                return open_backup(root, allow_incomplete=self.allow_incomplete, fs=fs), inner
+        if incomplete is not None:
+            return incomplete, ""
+        assert error is not None
+        raise error
+
+    @staticmethod
+    def _deeper_candidates(path: str) -> list[tuple[str, str]]:
+        """(backup root, inner path) splits of ``path`` with a plausible inner path, shortest inner last."""
+        parts = path.split("/")
+        out = []
+        for k in (3, 2, 1):
+            root, inner = parts[:-k], parts[-k:]
+            if len(root) >= 1 and root[-1] and not any(_GLOB.search(p) for p in root) and _plausible_inner(inner):
+                out.append(("/".join(root), "/".join(inner)))
+        return out
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        # paths are relative to the backup root, as in zip:// (no leading "/")
+        return super()._strip_protocol(path).strip("/")
+
+    def _rel(self, path: str) -> str:
+        """Path inside the backup: also accepts the full target path chained URLs pass."""
+        p = self._strip_protocol(path)
+        if p == self._root_key:
+            return ""
+        if self._root_key and p.startswith(self._root_key + "/"):
+            return p[len(self._root_key) + 1:]
+        return p
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget the manifest and listing; the next call re-reads them from storage."""
+        super().invalidate_cache(path)
+        if self._tree is not None or self._manifest_raw is not None:
+            self.backup = open_backup(self.backup.path, allow_incomplete=self.allow_incomplete,
+                                      fs=self.backup.fs)
+        self._tree = None
+        self._sizes.clear()
+        self._view_sizes.clear()
+        self._manifest_raw = None
+
+    # -- the tree ----------------------------------------------------------------------------------
+    @property
+    def tree(self) -> dict[str, dict[int, list[SegmentRef]]]:
+        """{topic: {partition: [segments in order]}}, from the manifest (read once)."""
+        if self._tree is None:
+            tree: dict[str, dict[int, list[SegmentRef]]] = {}
+            for ref in self.backup.segments():
+                tree.setdefault(ref.topic, {}).setdefault(ref.partition, []).append(ref)
+            self._tree = tree
+        return self._tree
+
+    def _manifest_bytes(self) -> bytes | None:
+        if self._manifest_raw is None:
+            if not self.backup.complete:
+                return None
+            self._manifest_raw = self.backup.fs.cat_file(f"{self.backup.path}/{MANIFEST}")
+        return self._manifest_raw
+
+    def _missing(self, path: str) -> FileNotFoundError:
+        return FileNotFoundError(f"{path!r}: no such file or directory in backup {self.url}")
+
+    def _node(self, path: str) -> tuple:
+        """Resolve a relative path: ("root",), ("manifest",), ("topic", t), ("partition", t, p),
+        ("segment", t, p, ref) or ("view", t, p, name); FileNotFoundError otherwise."""
+        if path == "":
+            return ("root",)
+        parts = path.split("/")
+        if parts == [MANIFEST] and self.backup.complete:
+            return ("manifest",)
+        topic = parts[0]
+        if topic not in self.tree:
+            raise self._missing(path)
+        if len(parts) == 1:
+            return ("topic", topic)
+        if not _is_partition_name(parts[1]) or int(parts[1]) not in self.tree[topic]:
+            raise self._missing(path)
+        partition = int(parts[1])
+        if len(parts) == 2:
+            return ("partition", topic, partition)
+        if len(parts) == 3:
+            if parts[2] in VIEWS:
+                return ("view", topic, partition, parts[2])
+            for ref in self.tree[topic][partition]:
+                if ref.name == parts[2]:
+                    return ("segment", topic, partition, ref)
+        raise self._missing(path)
+
+    def _segment_size(self, topic: str, partition: int, ref: SegmentRef) -> int | None:
+        if ref.size_bytes is not None:
+            return ref.size_bytes
+        sizes = self._sizes.get((topic, partition))
+        if sizes is None:  # a 1.0 manifest has no sizes: one listing of the directory gives them all
+            folder = ref.path.rsplit("/", 1)[0]
+            try:
+                listing = self.backup.fs.ls(folder, detail=True)
+            except FileNotFoundError:
+                listing = []
+            sizes = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in listing}
+            self._sizes[(topic, partition)] = sizes
+        return sizes.get(ref.name)
+
+    def _info_of(self, path: str, node: tuple) -> dict[str, Any]:
+        kind = node[0]
+        if kind == "root":
+            d = self.backup.describe()
+            refs = [r for parts in self.tree.values() for rs in parts.values() for r in rs]
+            info = {k: v for k, v in d.items() if k != "segments"}
+            info.update(summary(refs))
+            return {**info, "url": self.url, "name": "", "type": "directory", "size": 0, "kind": "backup",
+                    "topics": len(self.tree), "partitions": sum(len(p) for p in self.tree.values())}
+        if kind == "manifest":
+            raw = self._manifest_bytes() or b""
+            return {"name": path, "type": "file", "size": len(raw), "kind": "manifest",
+                    "target": f"{self.backup.path}/{MANIFEST}"}
+        if kind == "topic":
+            parts = self.tree[node[1]]
+            refs = [r for rs in parts.values() for r in rs]
+            return {"name": path, "type": "directory", "size": 0, "kind": "topic", "topic": node[1],
+                    "partitions": len(parts), **summary(refs)}
+        if kind == "partition":
+            refs = self.tree[node[1]][node[2]]
+            sizes = [self._segment_size(node[1], node[2], r) for r in refs]
+            return {"name": path, "type": "directory", "size": 0, "kind": "partition", "topic": node[1],
+                    "partition": node[2], **summary(refs),
+                    "stored_bytes": None if None in sizes else sum(sizes)}  # type: ignore[arg-type]
+        if kind == "segment":
+            ref = node[3]
+            return segment_info(path, ref, self._segment_size(node[1], node[2], ref), ref.path)
+        # a view: its size is known once this instance has produced it
+        return view_info(path, node[3], node[1], node[2], self.tree[node[1]][node[2]], self._view_sizes.get(path))
+
+    # -- listing -----------------------------------------------------------------------------------
+    def ls(self, path: str = "", detail: bool = True, **kwargs: Any) -> list:
+        path = self._rel(path)
+        node = self._node(path)
+        kind = node[0]
+        prefix = f"{path}/" if path else ""
+        if kind == "root":
+            children = [f"{prefix}{t}" for t in sorted(self.tree)]
+            if self.backup.complete:
+                children.insert(0, MANIFEST)
+        elif kind == "topic":
+            children = [f"{prefix}{p}" for p in sorted(self.tree[node[1]])]
+        elif kind == "partition":
+            children = [f"{prefix}{r.name}" for r in self.tree[node[1]][node[2]]]
+            children += [f"{prefix}{v}" for v in VIEWS]
+        else:  # a file lists as itself, as in fsspec's local and memory filesystems
+            return [self._info_of(path, node)] if detail else [path]
+        if not detail:
+            return children
+        return [self._info_of(c, self._node(c)) for c in children]
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        path = self._rel(path)
+        return self._info_of(path, self._node(path))
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            self._node(self._rel(path))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self._node(self._rel(path))[0] in ("root", "topic", "partition")
+        except FileNotFoundError:
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self._node(self._rel(path))[0] in ("manifest", "segment", "view")
+        except FileNotFoundError:
+            return False
+
+    def glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
+        return super().glob(self._rel(path), maxdepth=maxdepth, **kwargs)
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False,
+             **kwargs: Any) -> Any:
+        return super().find(self._rel(path), maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+
+    def du(self, path: str, total: bool = True, maxdepth: int | None = None, withdirs: bool = False,
+           **kwargs: Any) -> Any:
+        """Bytes under ``path``; decoded views not yet produced count as 0 (their size is unknown)."""
+        sizes = {name: info.get("size") or 0
+                 for name, info in self.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=True).items()}
+        return sum(sizes.values()) if total else sizes
+
+    def ukey(self, path: str) -> str:
+        """Segments: their CRC-64 (unique per content); other files: fsspec's default."""
+        info = self.info(path)
+        if info.get("kind") == "segment" and info.get("crc64") is not None:
+            return f"crc64:{info['crc64']}"
+        return super().ukey(path)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        path = self._rel(path)
+        node = self._node(path)
+        if node[0] == "segment":
+            return self._target_call(node[3], "cat_file", node[3].path, start=start, end=end)
+        if node[0] == "manifest":
+            return (self._manifest_bytes() or b"")[start:end]
+        if node[0] in ("root", "topic", "partition"):
+            raise IsADirectoryError(f"{path!r} is a directory in backup {self.url}")
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+    def _target_call(self, ref: SegmentRef, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.backup.fs, method)(*args, **kwargs)
+        except FileNotFoundError as e:
+            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+
+    def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
+              cache_options: dict | None = None, **kwargs: Any) -> Any:
+        if mode != "rb":
+            raise PermissionError(f"cannot open {path!r} with mode {mode!r}: {_READ_ONLY}")
+        path = self._rel(path)
+        if path == "" and self.fo_inner:  # older fsspec passes "" for `kbs::<url of a file>`
+            path = self.fo_inner
+        node = self._node(path)
+        kind = node[0]
+        if kind in ("root", "topic", "partition"):
+            raise IsADirectoryError(f"{path!r} is a directory in backup {self.url}")
+        if kind == "segment":
+            return self._target_call(node[3], "open", node[3].path, mode="rb", block_size=block_size,
+                                     cache_options=cache_options)
+        details = self._info_of(path, node)
+        if kind == "manifest":
+            return KbsViewFile(self, path, iter([self._manifest_bytes() or b""]), details, self.spool_bytes)
+        topic, partition, view = node[1], node[2], node[3]
+        refs = self.tree[topic][partition]
+
+        def done(size: int) -> None:
+            self._view_sizes[path] = size
+
+        if view == JSONL:
+            chunks = jsonl_chunks(refs, self._iter_columns)
+            return KbsViewFile(self, path, chunks, details, self.spool_bytes, on_complete=done)
+        assert view == PARQUET
+        return self._open_parquet(path, topic, partition, details, done)
+
+    def _iter_columns(self, ref: SegmentRef) -> Iterator[Any]:
+        return self.backup.iter_columns(ref, verify_checksums=self.verify_checksums)
+
+    def _open_parquet(self, path: str, topic: str, partition: int, details: dict, done: Any) -> KbsViewFile:
+        import tempfile
+
+        from fsspec_kbs.dataset import KbsDataset
+
+        ds = KbsDataset(self.backup).filter(topics=topic, partitions=partition)
+        spool = tempfile.SpooledTemporaryFile(max_size=self.spool_bytes)  # noqa: SIM115 - outlives this call
+        try:
+            write_parquet(ds.to_batches(verify_checksums=self.verify_checksums), ds.schema, spool)
+        except BaseException:
+            spool.close()
+            raise
+        return KbsViewFile(self, path, None, details, spool=spool, on_complete=done)
+
+    # -- writing: refused ----------------------------------------------------------------------------
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(_READ_ONLY)
+
+    pipe_file = put_file = put = pipe = _refuse
+    rm_file = rm = rmdir = _rm = _refuse
+    mkdir = makedirs = touch = _refuse
+    cp_file = copy = mv = move = rename = _refuse
+    mkdirs = _refuse  # type: ignore[assignment]
