@@ -1,0 +1,398 @@
+"""Convert a backup between the KBS layout and the OSO kafka-backup tool's layout ("oso-native").
+
+Streaming: segments are read one at a time and written as they fill, so memory stays bounded
+by one segment per partition. Lossless for everything a Kafka record holds here: keys, values
+(null or not), headers (null header values included), timestamps and offsets.
+
+The oso-native writer follows the tool's layout exactly (see ``docs/formats.md``)::
+
+    <root>/<backup_id>/manifest.json
+    <root>/<backup_id>/topics/<topic>/partition=<p>/segment-<start offset, 20 digits>.bin[.zst|.lz4]
+
+One choice goes beyond what the tool itself writes: a KBS null header value is kept as length
+-1 in the oso-native record (the record format defines -1 as null and the tool's reader accepts
+it), where the tool would have written an empty value. That keeps KBS -> oso -> KBS identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.utils import get_protocol
+
+from fsspec_kbs.errors import CommitConflictError, KbsError, OffsetOrderError
+from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format.oso import (
+    OSO_CODEC_NAMES,
+    assemble,
+    encode_records,
+    oso_codec_from_name,
+    segment_file_name,
+)
+from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.commit import put_atomic, put_file
+from fsspec_kbs.store.names import (
+    MANIFEST,
+    TOPICS_DIR,
+    check_backup_id,
+    check_partition,
+    check_topic,
+)
+
+LAYOUTS = ("kbs", "oso")
+#: The tool rotates a segment once its uncompressed records reach 128 MiB.
+OSO_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
+
+
+@dataclass
+class ConvertProgress:
+    """Passed to the progress callback after each source segment."""
+
+    segments_total: int
+    segments_done: int = 0
+    records: int = 0
+    bytes_read: int = 0
+    segment: SegmentRef | None = None
+
+
+@dataclass
+class ConvertResult:
+    src_url: str
+    dst_url: str
+    to: str
+    segments_read: int = 0
+    segments_written: int = 0
+    records: int = 0
+    seconds: float = 0.0
+    manifest: Any = None
+
+
+@dataclass
+class _Pending:
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    count: int = 0
+    start_offset: int = 0
+    end_offset: int = 0
+    start_timestamp: int = 0
+    end_timestamp: int = 0
+    last_offset: int = -1
+    segments: list[dict] = field(default_factory=list)
+
+
+class OsoBackupWriter:
+    """Writes one backup in the OSO kafka-backup tool's layout; the manifest last, atomically.
+
+    Parameters
+    ----------
+    url : str
+        ``<root>/<backup_id>`` on any fsspec URL.
+    storage_options : dict, optional
+    compression : {"zstd", "lz4", "none"}, default "zstd"
+    level : int, optional
+        zstd level (default 3, as the tool).
+    segment_max_bytes : int, default 128 MiB
+        Roll a segment once its uncompressed records reach this (the tool's rule).
+    segment_max_records : int, optional
+        Also roll after this many records.
+    overwrite : bool, default False
+        Replace a backup already at ``url`` instead of refusing.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None, *, compression: str = "zstd",
+                 level: int | None = None, segment_max_bytes: int = OSO_SEGMENT_MAX_BYTES,
+                 segment_max_records: int | None = None, overwrite: bool = False,
+                 created_at: int | None = None, source_cluster_id: str | None = None,
+                 source_brokers: list[str] | None = None,
+                 fs: fsspec.AbstractFileSystem | None = None) -> None:
+        if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
+            raise ValueError("segment_max_bytes and segment_max_records must be positive")
+        if fs is None:
+            fs, path = url_to_fs(url, **(storage_options or {}))
+        else:
+            path = url
+        self.fs = fs
+        self.path = path.rstrip("/")
+        self.url = url
+        self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
+        self.codec = oso_codec_from_name(compression)
+        self.level = level
+        self.segment_max_bytes = segment_max_bytes
+        self.segment_max_records = segment_max_records
+        self.created_at = int(time.time() * 1000) if created_at is None else int(created_at)
+        self.source_cluster_id = source_cluster_id
+        self.source_brokers = list(source_brokers or [])
+        self._parts: dict[tuple[str, int], _Pending] = {}
+        self._written: list[str] = []
+        self._closed = False
+        mpath = f"{self.path}/{MANIFEST}"
+        if self.fs.exists(mpath) or self.fs.exists(f"{self.path}/{TOPICS_DIR}"):
+            if not overwrite:
+                raise CommitConflictError(f"a backup already exists at {url}; pass overwrite=True to replace it")
+            # Manifest first: an interrupted overwrite leaves an incomplete backup, never a
+            # manifest pointing at replaced segments.
+            if self.fs.exists(mpath):
+                self.fs.rm_file(mpath)
+            if self.fs.exists(f"{self.path}/{TOPICS_DIR}"):
+                self.fs.rm(f"{self.path}/{TOPICS_DIR}", recursive=True)
+
+    def write_columns(self, topic: str, partition: int, cols: RecordColumns) -> None:
+        """Append records to a partition; offsets must strictly increase."""
+        self._check_open()
+        check_topic(topic)
+        check_partition(partition)
+        n = len(cols)
+        if n == 0:
+            return
+        part = self._parts.setdefault((topic, partition), _Pending())
+        offs = cols.offsets
+        if int(offs[0]) <= part.last_offset or (n > 1 and not bool((offs[1:] > offs[:-1]).all())):
+            raise OffsetOrderError(f"offsets of {topic}/{partition} must strictly increase "
+                                   f"(holds up to {part.last_offset}, got {int(offs[0])}…{int(offs[-1])})")
+        start = 0
+        while start < n:
+            stop = n
+            if self.segment_max_records is not None:
+                stop = min(n, start + self.segment_max_records - part.count)
+            piece = cols.slice(start, stop) if (start, stop) != (0, n) else cols
+            raw = encode_records(piece)
+            if not part.count:
+                part.start_offset = int(piece.offsets[0])
+                part.start_timestamp = int(piece.timestamps[0])
+            part.chunks.append(raw)
+            part.size += len(raw)
+            part.count += len(piece)
+            part.end_offset = part.last_offset = int(piece.offsets[-1])
+            part.end_timestamp = int(piece.timestamps[-1])
+            if part.size >= self.segment_max_bytes or (
+                    self.segment_max_records is not None and part.count >= self.segment_max_records):
+                self.flush_partition(topic, partition)
+            start = stop
+
+    def flush_partition(self, topic: str, partition: int) -> None:
+        """Write the partition's pending records as one segment."""
+        part = self._parts.get((topic, partition))
+        if part is None or not part.count:
+            return
+        raw = b"".join(part.chunks)
+        data = assemble(self.codec, raw, part.count, part.start_offset, part.end_offset, self.level)
+        rel = f"{TOPICS_DIR}/{topic}/partition={partition}/{segment_file_name(part.start_offset, self.codec)}"
+        path = f"{self.path}/{rel}"
+        put_file(self.fs, path, data)
+        self._written.append(path)
+        part.segments.append({
+            "key": f"{self.backup_id}/{rel}",
+            "start_offset": part.start_offset,
+            "end_offset": part.end_offset,
+            "start_timestamp": part.start_timestamp,
+            "end_timestamp": part.end_timestamp,
+            "record_count": part.count,
+            "uncompressed_size": len(raw),
+            "compressed_size": len(data),
+        })
+        part.chunks, part.size, part.count = [], 0, 0
+
+    def flush(self) -> None:
+        for key in list(self._parts):
+            self.flush_partition(*key)
+
+    @property
+    def segments_written(self) -> int:
+        return len(self._written)
+
+    def build_manifest(self) -> dict[str, Any]:
+        topics: dict[str, list[dict]] = {}
+        for (topic, p), part in sorted(self._parts.items()):
+            if part.segments:
+                topics.setdefault(topic, []).append({"partition_id": p, "segments": list(part.segments)})
+        return {
+            "backup_id": self.backup_id,
+            "created_at": self.created_at,
+            "source_cluster_id": self.source_cluster_id,
+            "source_brokers": self.source_brokers,
+            "compression": OSO_CODEC_NAMES[self.codec],
+            "topics": [{"name": name, "partitions": parts} for name, parts in sorted(topics.items())],
+        }
+
+    def commit(self) -> dict[str, Any]:
+        """Write pending segments, then ``manifest.json`` in one atomic put."""
+        import json
+
+        self._check_open()
+        self.flush()
+        manifest = self.build_manifest()
+        put_atomic(self.fs, f"{self.path}/{MANIFEST}", json.dumps(manifest, indent=2).encode("utf-8"))
+        self._closed = True
+        return manifest
+
+    def abort(self) -> None:
+        """Delete the segments this writer wrote (no manifest was written)."""
+        if self._closed:
+            return
+        self._closed = True
+        for path in self._written:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KbsError("this OsoBackupWriter was already committed or aborted")
+
+
+def _ms_from_iso(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def _iso_from_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _source_codec(src: KbsBackup) -> str:
+    refs = src.segments()
+    return (refs[0].codec if refs and refs[0].codec else None) or "zstd"
+
+
+def convert_backup(
+    src_url: str,
+    dst_url: str,
+    to: str = "kbs",
+    *,
+    storage_options: dict | None = None,
+    dst_storage_options: dict | None = None,
+    compression: str | None = None,
+    level: int | None = None,
+    segment_max_bytes: int | None = None,
+    segment_max_records: int | None = None,
+    overwrite: bool = False,
+    verify_checksums: bool = True,
+    allow_incomplete: bool = False,
+    progress: Callable[[ConvertProgress], None] | None = None,
+) -> ConvertResult:
+    """Convert the backup at ``src_url`` (either layout, detected) into ``dst_url`` in layout ``to``.
+
+    Parameters
+    ----------
+    src_url, dst_url : str
+        Backup directories (``<root>/<backup_id>``) on any fsspec URLs.
+    to : {"kbs", "oso"}
+        Layout to write: the published KBS layout, or the OSO kafka-backup tool's own.
+    storage_options, dst_storage_options : dict, optional
+        fsspec options for the source and the destination (the destination defaults to the
+        source's when both URLs use the same protocol).
+    compression : {"zstd", "lz4", "none"}, optional
+        Codec of the output; default: the source's.
+    level : int, optional
+        Codec level.
+    segment_max_bytes, segment_max_records : int, optional
+        Segment rolling of the output (defaults: KBS 64 MiB compressed; oso 128 MiB of records).
+    overwrite : bool, default False
+        Replace a backup already at ``dst_url``.
+    verify_checksums : bool, default True
+        Check the source's checksums while reading.
+    allow_incomplete : bool, default False
+        Convert a source backup without manifest.
+    progress : callable, optional
+        Called with a :class:`ConvertProgress` after each source segment.
+
+    Returns
+    -------
+    ConvertResult
+
+    Raises
+    ------
+    CommitConflictError
+        ``dst_url`` holds a backup and ``overwrite`` is False.
+    KbsError
+        Any defect of the source (the destination then gets no manifest: it is not published).
+    """
+    if to not in LAYOUTS:
+        raise ValueError(f"to must be one of {LAYOUTS}, got {to!r}")
+    if dst_storage_options is None and get_protocol(src_url) == get_protocol(dst_url):
+        dst_storage_options = storage_options
+    started = time.monotonic()
+    src = open_backup(src_url, storage_options, allow_incomplete=allow_incomplete)
+    refs = src.segments()
+    codec = compression or _source_codec(src)
+    result = ConvertResult(src_url, dst_url, to)
+    m = src.manifest
+    writer: Any
+    if to == "oso":
+        created = None
+        cluster_id, brokers = None, []
+        if src.layout == "oso" and m is not None:
+            created, cluster_id, brokers = m.get("created_at"), m.get("source_cluster_id"), m.get("source_brokers")
+        elif m is not None:
+            created = _ms_from_iso(m.created_at)
+            sc = m.source_cluster or {}
+            cluster_id = sc.get("cluster_id")
+            brokers = sc.get("bootstrap_servers") or []
+            if isinstance(brokers, str):
+                brokers = [b for b in brokers.split(",") if b]
+        writer = OsoBackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
+                                 segment_max_bytes=segment_max_bytes or OSO_SEGMENT_MAX_BYTES,
+                                 segment_max_records=segment_max_records, overwrite=overwrite,
+                                 created_at=created, source_cluster_id=cluster_id, source_brokers=brokers)
+    else:
+        source_cluster = None
+        if src.layout == "oso" and m is not None:
+            if m.get("source_cluster_id") is not None or m.get("source_brokers"):
+                source_cluster = {"cluster_id": m.get("source_cluster_id"),
+                                  "bootstrap_servers": ",".join(m.get("source_brokers") or [])}
+        elif m is not None:
+            source_cluster = m.source_cluster
+        kwargs: dict[str, Any] = {}
+        if segment_max_bytes is not None:
+            kwargs["segment_max_bytes"] = segment_max_bytes
+        writer = BackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
+                              segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
+                              source_cluster=source_cluster, **kwargs)
+        if src.layout == "oso" and m is not None and isinstance(m.get("created_at"), int):
+            writer.created_at = _iso_from_ms(m["created_at"])
+        elif m is not None and src.layout == "kbs":
+            writer.created_at = m.created_at
+    state = ConvertProgress(segments_total=len(refs))
+    try:
+        prev: tuple[str, int] | None = None
+        for ref in refs:
+            if to == "oso" and prev is not None and prev != (ref.topic, ref.partition):
+                writer.flush_partition(*prev)  # bound memory: one partition's pending records at a time
+            prev = (ref.topic, ref.partition)
+            for cols in src.iter_columns(ref, verify_checksums=verify_checksums):
+                writer.write_columns(ref.topic, ref.partition, cols)
+                state.records += len(cols)
+            state.segments_done += 1
+            state.bytes_read += ref.size_bytes or 0
+            state.segment = ref
+            if progress is not None:
+                progress(state)
+        if to == "oso":
+            result.manifest = writer.commit()
+            result.segments_written = writer.segments_written
+        else:
+            extra = {}
+            if src.layout == "oso":
+                extra["converted_from"] = {"layout": "oso", "backup_id": src.backup_id}
+                gaps = src.gaps()  # type: ignore[attr-defined]
+                if gaps:
+                    extra["oso_gaps"] = gaps
+            result.manifest = writer.commit(extra=extra or None)
+            result.segments_written = len(writer.written_segments)
+    except BaseException:
+        writer.abort()
+        raise
+    result.segments_read = state.segments_done
+    result.records = state.records
+    result.seconds = time.monotonic() - started
+    return result
