@@ -11,6 +11,7 @@ from fsspec_kbs import __version__
 #: Modules that each define ``register(group)``; one per family of commands.
 COMMAND_MODULES = (
     "fsspec_kbs.cli.inspect_cmds",
+    "fsspec_kbs.cli.log_cmds",
     "fsspec_kbs.cli.convert_cmds",
     "fsspec_kbs.cli.kafka_cmds",
 )
