@@ -153,29 +153,21 @@ class KbsFileSystem(_Base):
     def _resolve_backup(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[KbsBackup, str]:
         """The backup at ``path`` or at a prefix of it, and the rest of ``path`` inside it.
 
-        The whole path is tried first (one read of its manifest, the usual case); only if it is
-        no complete backup are the up to three prefixes a kbs path can extend checked.
+        A backup root is where ``manifest.json`` is: checked at ``path`` first (the usual case,
+        one HEAD), then at the up to three prefixes whose remainder could be a kbs path. Without
+        a manifest anywhere, a prefix holding ``topics/`` is an incomplete backup.
         """
-        error: Exception | None = None
-        incomplete = None
-        try:
-            backup = open_backup(path, allow_incomplete=self.allow_incomplete, fs=fs)
-            if backup.complete:
-                return backup, ""
-            incomplete = backup
-        except (BackupNotFoundError, InvalidNameError) as e:
-            error = e
-        candidates = self._deeper_candidates(path)
+        candidates = [(path, ""), *self._deeper_candidates(path)]
         for root, inner in candidates:
             if fs.exists(f"{root}/{MANIFEST}"):
                 return open_backup(root, allow_incomplete=self.allow_incomplete, fs=fs), inner
         for root, inner in candidates:
-            if fs.isdir(f"{root}/topics"):  # a backup without manifest: IncompleteBackupError unless allowed
+            if fs.isdir(f"{root}/topics"):  # IncompleteBackupError unless allow_incomplete
                 return open_backup(root, allow_incomplete=self.allow_incomplete, fs=fs), inner
-        if incomplete is not None:
-            return incomplete, ""
-        assert error is not None
-        raise error
+        try:  # an existing, empty directory is an incomplete backup; anything else is not found
+            return open_backup(path, allow_incomplete=self.allow_incomplete, fs=fs), ""
+        except InvalidNameError as e:
+            raise BackupNotFoundError(f"no backup at {fs.unstrip_protocol(path)}: {e}") from e
 
     @staticmethod
     def _deeper_candidates(path: str) -> list[tuple[str, str]]:

@@ -71,13 +71,17 @@ def jsonl_lines(cols: RecordColumns, topic: str, partition: int) -> bytes:
     return "".join(out).encode("utf-8")
 
 
-def jsonl_chunks(refs: Iterable[SegmentRef], iter_columns: Callable[[SegmentRef], Iterator[RecordColumns]]
-                 ) -> Iterator[bytes]:
-    """``records.jsonl`` of the given segments, one decoded chunk at a time."""
+def jsonl_chunks(refs: Iterable[SegmentRef], iter_columns: Callable[[SegmentRef], Iterator[RecordColumns]],
+                 rows_per_chunk: int = 4096) -> Iterator[bytes]:
+    """``records.jsonl`` of the given segments, ``rows_per_chunk`` records at a time.
+
+    Small chunks keep the first bytes quick and the text in memory small; a segment is still
+    decoded (and its checksums verified) as a whole by ``iter_columns``.
+    """
     for ref in refs:
         for cols in iter_columns(ref):
-            if len(cols):
-                yield jsonl_lines(cols, ref.topic, ref.partition)
+            for start in range(0, len(cols), rows_per_chunk):
+                yield jsonl_lines(cols.slice(start, start + rows_per_chunk), ref.topic, ref.partition)
 
 
 # -- records.parquet -------------------------------------------------------------------------------

@@ -300,6 +300,9 @@ def test_writes_are_refused(written: tuple[str, pa.Table], tmp_path: Path) -> No
         lambda: fs.touch("orders/0/x"),
         lambda: fs.mv("orders/0/records.jsonl", "orders/0/y"),
         lambda: fs.copy("orders/0/records.jsonl", "orders/0/y"),
+        lambda: fs.upload(str(local), "orders/0/x.txt"),
+        lambda: fs.delete("manifest.json"),
+        lambda: fs.write_text("orders/0/x.txt", "x"),
         lambda: fsspec.open(f"kbs::file://{url}/orders/0/records.jsonl", "wb").open(),
     ]
     for attempt in attempts:
@@ -402,3 +405,21 @@ def test_oso_layout_if_detected(conformance: Path) -> None:
     assert got == sorted((case / "expected.jsonl").read_text().splitlines())
     segs = [e for e in fs.ls(fs.glob("*/*")[0]) if e["kind"] == "segment"]
     assert segs and all(e["size"] and e["records"] for e in segs)
+
+
+def test_get_copies_views_and_segments(written: tuple[str, pa.Table], tmp_path: Path) -> None:
+    url, table = written
+    fs = fsspec.filesystem("kbs", fo=url)
+    out = tmp_path / "out"
+    fs.get("orders/8", str(out), recursive=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(e["name"].rsplit("/", 1)[1] for e in fs.ls("orders/8"))
+    assert (out / "records.jsonl").read_text() == expected_jsonl(table, "orders", 8)
+    assert pq.read_table(out / "records.parquet").num_rows == table.num_rows // 12
+
+
+def test_example_runs() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "browse_with_fsspec.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "write refused" in out.stdout and "pandas.read_json" in out.stdout
