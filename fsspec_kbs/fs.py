@@ -146,6 +146,7 @@ class KbsFileSystem(_Base):
         self.url = fs.unstrip_protocol(self.backup.path)
         self._tree: dict[str, dict[int, list[SegmentRef]]] | None = None
         self._sizes: dict[tuple[str, int], dict[str, int]] = {}
+        self._by_name: dict[tuple[str, int], dict[str, SegmentRef]] = {}
         self._view_sizes: dict[str, int] = {}
         self._manifest_raw: bytes | None = None
 
@@ -203,6 +204,7 @@ class KbsFileSystem(_Base):
             self.backup = open_backup(self.backup.path, allow_incomplete=self.allow_incomplete,
                                       fs=self.backup.fs)
         self._tree = None
+        self._by_name.clear()
         self._sizes.clear()
         self._view_sizes.clear()
         self._manifest_raw = None
@@ -249,10 +251,17 @@ class KbsFileSystem(_Base):
         if len(parts) == 3:
             if parts[2] in VIEWS:
                 return ("view", topic, partition, parts[2])
-            for ref in self.tree[topic][partition]:
-                if ref.name == parts[2]:
-                    return ("segment", topic, partition, ref)
+            ref = self._segments_by_name(topic, partition).get(parts[2])
+            if ref is not None:
+                return ("segment", topic, partition, ref)
         raise self._missing(path)
+
+    def _segments_by_name(self, topic: str, partition: int) -> dict[str, SegmentRef]:
+        key = (topic, partition)
+        index = self._by_name.get(key)
+        if index is None:  # a dict per partition: lookups stay O(1) with thousands of segments
+            index = self._by_name[key] = {r.name: r for r in self.tree[topic][partition]}
+        return index
 
     def _segment_size(self, topic: str, partition: int, ref: SegmentRef) -> int | None:
         if ref.size_bytes is not None:
