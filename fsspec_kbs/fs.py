@@ -140,10 +140,12 @@ class KbsFileSystem(_Base):
         self.allow_incomplete = allow_incomplete
         self.verify_checksums = verify_checksums
         self.spool_bytes = spool_bytes
-        self.backup, self.fo_inner = self._resolve_backup(fs, path.rstrip("/"))
-        self._root_key = self.backup.path.strip("/")
+        backup, self.fo_inner = self._resolve_backup(fs, path.rstrip("/"))
+        self._backup: KbsBackup | None = backup
+        self._backup_path = backup.path
+        self._root_key = backup.path.strip("/")
         #: URL of the backup root on its storage (for messages and ``info("")``)
-        self.url = fs.unstrip_protocol(self.backup.path)
+        self.url = fs.unstrip_protocol(backup.path)
         self._tree: dict[str, dict[int, list[SegmentRef]]] | None = None
         self._sizes: dict[tuple[str, int], dict[str, int]] = {}
         self._by_name: dict[tuple[str, int], dict[str, SegmentRef]] = {}
@@ -158,7 +160,8 @@ class KbsFileSystem(_Base):
         one HEAD), then at the up to three prefixes whose remainder could be a kbs path. Without
         a manifest anywhere, a prefix holding ``topics/`` is an incomplete backup.
         """
-        candidates = [(path, ""), *self._deeper_candidates(path)]
+        candidates = [(path, "")] if not _GLOB.search(path) else []
+        candidates += self._deeper_candidates(path)
         for root, inner in candidates:
             if fs.exists(f"{root}/{MANIFEST}"):
                 return open_backup(root, allow_incomplete=self.allow_incomplete, fs=fs), inner
@@ -200,9 +203,7 @@ class KbsFileSystem(_Base):
     def invalidate_cache(self, path: str | None = None) -> None:
         """Forget the manifest and listing; the next call re-reads them from storage."""
         super().invalidate_cache(path)
-        if self._tree is not None or self._manifest_raw is not None:
-            self.backup = open_backup(self.backup.path, allow_incomplete=self.allow_incomplete,
-                                      fs=self.backup.fs)
+        self._backup = None
         self._tree = None
         self._by_name.clear()
         self._sizes.clear()
@@ -210,6 +211,13 @@ class KbsFileSystem(_Base):
         self._manifest_raw = None
 
     # -- the tree ----------------------------------------------------------------------------------
+    @property
+    def backup(self) -> KbsBackup:
+        """The opened backup (``fsspec_kbs.store``); re-opened after :meth:`invalidate_cache`."""
+        if self._backup is None:
+            self._backup = open_backup(self._backup_path, allow_incomplete=self.allow_incomplete, fs=self.target)
+        return self._backup
+
     @property
     def tree(self) -> dict[str, dict[int, list[SegmentRef]]]:
         """{topic: {partition: [segments in order]}}, from the manifest (read once)."""

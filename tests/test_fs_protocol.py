@@ -423,3 +423,26 @@ def test_example_runs() -> None:
     out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "write refused" in out.stdout and "pandas.read_json" in out.stdout
+
+
+def test_invalidate_before_any_listing(written: tuple[str, pa.Table]) -> None:
+    url, _ = written
+    fs = fsspec.filesystem("kbs", fo=url)  # manifest read, nothing listed yet
+    fsspec_kbs.write_table(url, sample_table(n=10, partitions=1, topic="late"), mode="append")
+    fs.invalidate_cache()
+    assert "late" in fs.ls("", detail=False)
+
+
+def test_memory_target_and_fs_argument() -> None:
+    """Any fsspec storage works; ``fs=`` takes an existing filesystem and ``fo`` is a path on it."""
+    import uuid
+
+    table = sample_table(n=200, partitions=2)
+    url = f"memory://kbs-{uuid.uuid4().hex}/backup-1"
+    fsspec_kbs.write_table(url, table, segment_max_records=40)
+    memfs, path = fsspec.url_to_fs(url)
+    for fs in (fsspec.filesystem("kbs", fo=url), KbsFileSystem(fo=path, fs=memfs),
+               KbsFileSystem(fo=path, target_protocol="memory")):
+        assert fs.ls("orders", detail=False) == ["orders/0", "orders/1"]
+        assert fs.cat("orders/1/records.jsonl").decode() == expected_jsonl(table, "orders", 1)
+    memfs.rm(path, recursive=True)
