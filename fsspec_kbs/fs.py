@@ -374,11 +374,17 @@ class KbsFileSystem(_Base):
         return sum(sizes.values()) if total else sizes
 
     def ukey(self, path: str) -> str:
-        """Segments: their CRC-64 (unique per content); other files: fsspec's default."""
+        """A key that changes when the content does: a segment's CRC-64, else the backup and path
+        with their manifest metadata (a view's size, known only once produced, is left out)."""
+        from fsspec.utils import tokenize
+
         info = self.info(path)
         if info.get("kind") == "segment" and info.get("crc64") is not None:
             return f"crc64:{info['crc64']}"
-        return super().ukey(path)
+        return tokenize(self.url, {k: v for k, v in info.items() if k != "size"})
+
+    def __repr__(self) -> str:
+        return f"<KbsFileSystem {self.url}>"
 
     # -- reading -----------------------------------------------------------------------------------
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:

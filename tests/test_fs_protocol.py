@@ -446,3 +446,21 @@ def test_memory_target_and_fs_argument() -> None:
         assert fs.ls("orders", detail=False) == ["orders/0", "orders/1"]
         assert fs.cat("orders/1/records.jsonl").decode() == expected_jsonl(table, "orders", 1)
     memfs.rm(path, recursive=True)
+
+
+def test_filecache_keeps_decoded_views(written: tuple[str, pa.Table], tmp_path: Path) -> None:
+    """``filecache::kbs::…`` stores a produced view locally; the next open does not decode again."""
+    url, table = written
+    chained = f"filecache::kbs::file://{url}/orders/9/records.parquet"
+    cache = {"cache_storage": str(tmp_path / "cache")}
+    with fsspec.open(chained, filecache=cache) as f:
+        first = pq.read_table(f)
+    for seg in Path(url, "topics", "orders", "9").iterdir():
+        seg.write_bytes(b"gone")  # decoding now would fail
+    with fsspec.open(chained, filecache=cache) as f:
+        assert pq.read_table(f).equals(first)
+    assert first.num_rows == table.num_rows // 12
+    fs = fsspec.filesystem("kbs", fo=url)
+    assert fs.ukey("orders/9/records.parquet") == fsspec.filesystem("kbs", fo=url).ukey("orders/9/records.parquet")
+    with pytest.raises(KbsError):
+        fs.cat("orders/9/records.jsonl")
