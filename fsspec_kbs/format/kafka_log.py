@@ -610,6 +610,7 @@ class LogTail:
     position: int
     dropped_bytes: int
     reason: str
+    error: SegmentFormatError | None = None
 
 
 def walk_batches(data: bytes | memoryview, base: int = 0, path: str | None = None,
@@ -638,9 +639,9 @@ def walk_batches(data: bytes | memoryview, base: int = 0, path: str | None = Non
         except BadMagicError as e:
             if "not supported" in e.reason:
                 raise
-            return out, LogTail(base + pos, size - pos, e.reason)
+            return out, LogTail(base + pos, size - pos, e.reason, e)
         except SegmentFormatError as e:
-            return out, LogTail(base + pos, size - pos, e.reason)
+            return out, LogTail(base + pos, size - pos, e.reason, e)
         out.append(h)
         prev_last = h.last_offset
         pos += h.size
@@ -671,14 +672,22 @@ class ReadCommittedFilter:
 
     aborted: Iterable[AbortedTxn]
     _queue: list[AbortedTxn] = field(init=False)
+    _seen: set[AbortedTxn] = field(init=False)
     _active: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
-        self._queue = sorted(set(self.aborted), reverse=True)
+        self._seen = set(self.aborted)
+        self._queue = sorted(self._seen, reverse=True)
 
     def add(self, aborted: Iterable[AbortedTxn]) -> None:
-        """Learn more aborted transactions (before any of their batches is passed to :meth:`keep`)."""
-        self._queue = sorted(set(self._queue) | set(aborted), reverse=True)
+        """Learn more aborted transactions (before any of their batches is passed to :meth:`keep`).
+
+        Transactions already known (even if already consumed) are ignored.
+        """
+        new = set(aborted) - self._seen
+        if new:
+            self._seen |= new
+            self._queue = sorted(set(self._queue) | new, reverse=True)
 
     def start_at(self, offset: int) -> None:
         """Forget aborted transactions whose marker lies before ``offset`` (where reading starts)."""

@@ -276,9 +276,10 @@ class KafkaLogDir:
             headers, tail = walk_batches(data, pos, seg.path, verify_crc)
             if tail is not None:
                 if on_corrupt_tail == "error":
-                    raise SegmentFormatError(
-                        f"{tail.reason} (the remaining {tail.dropped_bytes} bytes of the file are not a valid log)",
-                        seg.path, tail.position)
+                    err = tail.error or SegmentFormatError(tail.reason, seg.path, tail.position)
+                    raise type(err)(f"{err.reason}; the log is not valid from byte {tail.position} on (the last "
+                                    f"{tail.dropped_bytes} bytes of the file)", seg.path,
+                                    err.offset if err.offset is not None else tail.position)
                 later = [s for s in part.segments if s.base_offset > seg.base_offset]
                 stats.tail = TailReport(part.topic, part.partition, seg.path, tail.position, tail.dropped_bytes,
                                         tail.reason, [s.path for s in later], sum(s.size for s in later))

@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsspec_kbs.errors import BadMagicError, DecompressionError, RecordFormatError, TruncatedSegmentError
+from fsspec_kbs.errors import (
+    BadMagicError,
+    DecompressionError,
+    RecordFormatError,
+    TruncatedSegmentError,
+)
 from fsspec_kbs.format import kafka_log as kl
 
 
@@ -230,9 +235,7 @@ def test_read_committed_matches_naive(events: list[tuple[str, int, int]], use_tx
     for kind, pid, offset in reversed(events):
         if kind in ("commit", "abort"):
             fate[pid] = kind
-        elif kind == "txn" and fate.get(pid) == "commit":
-            expected.append(offset)
-        elif kind == "data":
+        elif kind == "txn" and fate.get(pid) == "commit" or kind == "data":
             expected.append(offset)
     expected.sort()
     tracker = kl.TxnTracker()
