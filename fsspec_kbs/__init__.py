@@ -15,7 +15,14 @@ from fsspec_kbs.errors import (
     UnsupportedVersionError,
 )
 from fsspec_kbs.filters import ScanFilter
-from fsspec_kbs.store import BackupWriter, KbsBackup, Manifest, SegmentRef, list_backups, open_backup
+from fsspec_kbs.store import (
+    BackupWriter,
+    KbsBackup,
+    Manifest,
+    SegmentRef,
+    list_backups,
+    open_backup,
+)
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fsspec_kbs.errors import KbsError, SegmentMismatchError
 from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, SegmentHeader
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.backup import check_size
 
 
 @dataclass
@@ -53,8 +54,7 @@ def _check_partition_order(refs: list[SegmentRef], report: ValidationReport) -> 
 def _quick_segment(backup: KbsBackup, ref: SegmentRef) -> None:
     fs = backup.fs
     size = fs.size(ref.path)
-    if ref.size_bytes is not None and size != ref.size_bytes:
-        raise SegmentMismatchError(f"file is {size} bytes but the manifest says {ref.size_bytes}", ref.path, min(size, ref.size_bytes))
+    check_size(ref, size)
     head = fs.cat_file(ref.path, start=0, end=HEADER_SIZE)
     h = SegmentHeader.parse(head, ref.path)
     foot = fs.cat_file(ref.path, start=max(0, size - FOOTER_SIZE), end=size)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
+
+# gcsfs >= 2025 probes every bucket over gRPC for "hierarchical namespace" support, which a
+# fake-gcs-server cannot answer (60 s time-outs per call); the plain JSON API is what we test.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import pytest
 
 pytest_plugins = [
     "tests.fixtures.s3",
+    "tests.fixtures.spark",
     "tests.fixtures.kafka",
+    "tests.fixtures.gcs",
 ]
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import sys
 from typing import Any
@@ -152,10 +153,8 @@ def validate_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
 
     opts = storage_options_from(storage_option, storage_options_json)
     total = None
-    try:
+    with contextlib.suppress(KbsError, FileNotFoundError):  # validate_backup reports it
         total = len(open_backup(backup_url, opts, allow_incomplete=allow_incomplete).segments())
-    except (KbsError, FileNotFoundError):
-        pass  # validate_backup reports it
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, disable=not deep or as_json, transient=True) as progress:
         task = progress.add_task("validating segments", total=total)

@@ -13,11 +13,17 @@ from fsspec_kbs.errors import (
     BackupNotFoundError,
     IncompleteBackupError,
     InvalidNameError,
-    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
-from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, RecordColumns, SegmentFooter, SegmentHeader, SegmentReader
+from fsspec_kbs.format import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    RecordColumns,
+    SegmentFooter,
+    SegmentHeader,
+    SegmentReader,
+)
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
     MANIFEST,
@@ -72,6 +78,18 @@ class SegmentRef:
         if start_time is not None and self.max_timestamp is not None and self.max_timestamp < start_time:
             return False
         return not (end_time is not None and self.min_timestamp is not None and self.min_timestamp >= end_time)
+
+
+def check_size(ref: SegmentRef, size: int) -> None:
+    """Compare a segment file's size with what the manifest says of it."""
+    if ref.size_bytes is None or size == ref.size_bytes:
+        return
+    if size < ref.size_bytes:
+        raise TruncatedSegmentError(
+            f"file is {size} bytes but the manifest says {ref.size_bytes}: the last "
+            f"{ref.size_bytes - size} bytes are missing (truncated segment)", ref.path, size)
+    raise SegmentMismatchError(
+        f"file is {size} bytes but the manifest says {ref.size_bytes}", ref.path, ref.size_bytes)
 
 
 def _strip(path: str) -> str:
@@ -240,7 +258,7 @@ class KbsBackup:
         heads = self.fs.cat_ranges(paths, [0] * len(paths), [HEADER_SIZE] * len(paths), on_error="return")
         feet = self.fs.cat_ranges(paths, [-FOOTER_SIZE] * len(paths), [None] * len(paths), on_error="return")
         out = []
-        for ref, head, foot in zip(refs, heads, feet):
+        for ref, head, foot in zip(refs, heads, feet, strict=False):
             for blob in (head, foot):
                 if isinstance(blob, FileNotFoundError):
                     raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from blob
@@ -261,13 +279,7 @@ class KbsBackup:
             data = self.fs.cat_file(ref.path)
         except FileNotFoundError as e:
             raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
-        if ref.size_bytes is not None and len(data) != ref.size_bytes:
-            if len(data) < ref.size_bytes:
-                raise TruncatedSegmentError(
-                    f"file is {len(data)} bytes but the manifest says {ref.size_bytes}: "
-                    f"{ref.size_bytes - len(data)} bytes are missing", ref.path, len(data))
-            raise SegmentMismatchError(
-                f"file is {len(data)} bytes but the manifest says {ref.size_bytes}", ref.path, ref.size_bytes)
+        check_size(ref, len(data))
         return data
 
     def open_segment(self, ref: SegmentRef, verify_checksums: bool = True) -> SegmentReader:

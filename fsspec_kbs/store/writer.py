@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -341,10 +342,8 @@ class BackupWriter:
             return
         self._closed = True
         for w in self._written:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(w.path)
-            except FileNotFoundError:
-                pass
 
     def _check_open(self) -> None:
         if self._closed:
