@@ -97,6 +97,20 @@ start() {
         return 0
     fi
     fetch
+    # A free port can be taken by someone else between our probe and the broker's bind:
+    # try again with new ports when the broker dies during startup.
+    local attempt
+    for attempt in 1 2 3; do
+        if start_once; then
+            return 0
+        fi
+        log "start attempt $attempt failed"
+        [[ -f "$STATE/stdout.log" ]] && tail -n 20 "$STATE/stdout.log" >&2
+    done
+    return 1
+}
+
+start_once() {
     rm -rf "$STATE"
     mkdir -p "$STATE/data"
     local port cport cluster_id cp
@@ -181,12 +195,12 @@ sys.exit(0 if md.brokers else 1)
 EOF
         if ! kill -0 "$pid" 2>/dev/null; then
             log "broker exited during startup; last log lines:"
-            tail -n 40 "$STATE/stdout.log" "$STATE/server.log" >&2 2>/dev/null || true
+            tail -n 40 "$STATE/server.log" >&2 2>/dev/null || true
             return 1
         fi
         if ((SECONDS > deadline)); then
             log "broker did not become ready in time"
-            stop
+            kill -KILL "$pid" 2>/dev/null || true
             return 1
         fi
         sleep 0.5

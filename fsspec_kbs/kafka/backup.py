@@ -9,12 +9,16 @@ at checkpoint offset + 1, so nothing is lost or duplicated whenever the process 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -77,22 +81,34 @@ class _PartBuf:
 
 def _pack(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(values)
-    lens = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=n)
-    offs = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lens, out=offs[1:], dtype=np.int32)
-    data = np.frombuffer(b"".join([v for v in values if v is not None]), dtype=np.uint8)
-    valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-    return offs, data, valid
+    valid = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=n)
+    present = values if bool(valid.all()) else [v for v in values if v is not None]
+    lens = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
+    offs = np.zeros(n + 1, dtype=np.int64)
+    if len(present) == n:
+        np.cumsum(lens, out=offs[1:])
+    else:
+        full = np.zeros(n, dtype=np.int64)
+        full[valid] = lens
+        np.cumsum(full, out=offs[1:])
+    if offs[-1] > np.iinfo(np.int32).max:
+        raise KbsError("a chunk of records exceeds 2 GiB")  # chunks are bounded far below this
+    data = np.frombuffer(b"".join(present), dtype=np.uint8)
+    return offs.astype(np.int32), data, valid
 
 
 def columns_from_buffer(buf: _PartBuf) -> RecordColumns:
     """RecordColumns from consumed messages' fields (one partition, increasing offsets)."""
     koffs, kdata, kvalid = _pack(buf.keys)
     voffs, vdata, vvalid = _pack(buf.values)
-    counts = np.fromiter((0 if h is None else len(h) for h in buf.headers), dtype=np.int64, count=len(buf.headers))
-    hoffs = np.zeros(len(buf.headers) + 1, dtype=np.int32)
-    np.cumsum(counts, out=hoffs[1:], dtype=np.int32)
-    flat = [kv for h in buf.headers if h for kv in h]
+    n = len(buf.headers)
+    hoffs = np.zeros(n + 1, dtype=np.int32)
+    if any(buf.headers):
+        counts = np.fromiter((len(h) if h else 0 for h in buf.headers), dtype=np.int64, count=n)
+        np.cumsum(counts, out=hoffs[1:], dtype=np.int32)
+        flat = [kv for h in buf.headers if h for kv in h]
+    else:
+        flat = []
     hkoffs, hkdata, _ = _pack([k.encode("utf-8") if isinstance(k, str) else bytes(k) for k, _ in flat])
     hvoffs, hvdata, hvvalid = _pack([v if v is None or isinstance(v, bytes) else bytes(v) for _, v in flat])
     return RecordColumns(
@@ -316,86 +332,105 @@ def run_backup(
         for (t, p), (s, _e) in cut.items():
             done_upto = writer.last_offset(t, p)
             positions[(t, p)] = max(s, done_upto + 1)
-        active = {k: v for k, v in positions.items() if v < cut[k][1]}
+        active = {k: cut[k][1] for k, v in positions.items() if v < cut[k][1]}  # partition -> end offset
         if on_plan is not None:
-            on_plan(sum(cut[k][1] - v for k, v in active.items()))
+            on_plan(sum(end - positions[k] for k, end in active.items()))
 
         throttle = float(os.environ.get(THROTTLE_ENV) or 0)
         chunk_records = 100 if throttle else _CHUNK_RECORDS
         bufs: dict[tuple[str, int], _PartBuf] = {}
-        total_records = total_bytes = 0
+
+        # Encoding and compressing run on one worker thread (zstd and the numba kernels release
+        # the GIL) while this thread keeps consuming; order per partition is kept by the single
+        # worker, and at most a few chunks are in flight to bound memory.
+        pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbs-backup-writer")
+        inflight: deque[cf.Future] = deque()
+        totals = [0, 0]
+
+        def write_chunk(key: tuple[str, int], buf: _PartBuf) -> None:
+            cols = columns_from_buffer(buf)
+            nbytes = (len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
+                      + len(cols.header_value_data))
+            writer.write_columns(key[0], key[1], cols)
+            totals[0] += len(cols)
+            totals[1] += nbytes
+            if progress is not None:
+                progress(len(cols), nbytes)
+
+        def submit(fn: Callable, *args: Any) -> None:
+            inflight.append(pool.submit(fn, *args))
+            while inflight and (inflight[0].done() or len(inflight) > 4):
+                inflight.popleft().result()  # re-raises a failed write here
 
         def flush_buf(key: tuple[str, int]) -> None:
             buf = bufs.pop(key, None)
             if buf and buf.offsets:
-                writer.write_columns(key[0], key[1], columns_from_buffer(buf))
+                positions[key] = buf.offsets[-1] + 1
+                submit(write_chunk, key, buf)
 
-        if active:
-            consumer.assign([TopicPartition(t, p, off) for (t, p), off in sorted(active.items())])
-        last_flush = time.monotonic()
-        while active:
-            # consume() waits for num_messages or the timeout: ask for no more than can still come
-            # (plus one EOF event per partition) so the tail does not wait out the timeout.
-            want = sum(cut[k][1] - positions[k] for k in active) + len(active)
-            msgs = consumer.consume(num_messages=max(1, min(chunk_records, want)), timeout=0.5)
-            n_new = b_new = 0
-            for m in msgs:
-                err = m.error()
-                key = (m.topic(), m.partition())
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if key in active and m.offset() >= cut[key][1]:
-                            del active[key]
-                            flush_buf(key)
-                            consumer.incremental_unassign([TopicPartition(*key)])
-                        continue
-                    if err.fatal() or not err.retriable():
-                        raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
-                    continue
-                if key not in active:
-                    continue
-                off = m.offset()
-                end = cut[key][1]
-                if off >= end:
-                    continue
-                positions[key] = off + 1
-                buf = bufs.get(key)
-                if buf is None:
-                    buf = bufs[key] = _PartBuf()
-                k, v = m.key(), m.value()
-                h = m.headers()
-                buf.offsets.append(off)
-                buf.timestamps.append(m.timestamp()[1])
-                buf.keys.append(k)
-                buf.values.append(v)
-                buf.headers.append(h)
-                size = (len(k) if k else 0) + (len(v) if v else 0)
-                if h:
-                    size += sum(len(hk) + (len(hv) if hv else 0) for hk, hv in h)
-                buf.nbytes += size
-                n_new += 1
-                b_new += size
-                if off >= end - 1:
-                    del active[key]
-                    flush_buf(key)
-                    consumer.incremental_unassign([TopicPartition(*key)])
-                elif len(buf.offsets) >= chunk_records or buf.nbytes >= _CHUNK_BYTES:
-                    flush_buf(key)
-            if throttle:
-                for key in list(bufs):
-                    flush_buf(key)
-                time.sleep(throttle)
-            total_records += n_new
-            total_bytes += b_new
-            if progress is not None and (n_new or b_new):
-                progress(n_new, b_new)
-            if time.monotonic() - last_flush > checkpoint_interval:
-                for key in list(bufs):
-                    flush_buf(key)
-                writer.flush()
-                last_flush = time.monotonic()
-        for key in list(bufs):
+        def finish(key: tuple[str, int]) -> None:
+            """The partition reached the cut: stop fetching it."""
+            del active[key]
             flush_buf(key)
+            consumer.incremental_unassign([TopicPartition(*key)])
+
+        try:
+            if active:
+                consumer.assign([TopicPartition(t, p, positions[(t, p)]) for (t, p) in sorted(active)])
+            last_flush = time.monotonic()
+            while active:
+                # consume() waits for num_messages or the timeout: ask for no more than can still
+                # come (plus one EOF event per partition) so the tail does not wait out the timeout.
+                want = sum(end - positions[k] for k, end in active.items()) + len(active)
+                msgs = consumer.consume(num_messages=max(1, min(chunk_records, want)), timeout=0.5)
+                for m in msgs:
+                    key = (m.topic(), m.partition())
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if key in active and m.offset() >= cut[key][1]:
+                                finish(key)
+                            continue
+                        if err.fatal() or not err.retriable():
+                            raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
+                        continue
+                    end = active.get(key)
+                    if end is None:
+                        continue
+                    off = m.offset()
+                    if off >= end:
+                        continue
+                    buf = bufs.get(key)
+                    if buf is None:
+                        buf = bufs[key] = _PartBuf()
+                    v = m.value()
+                    buf.offsets.append(off)
+                    buf.timestamps.append(m.timestamp()[1])
+                    buf.keys.append(m.key())
+                    buf.values.append(v)
+                    buf.headers.append(m.headers())
+                    if v:
+                        buf.nbytes += len(v)
+                    if off >= end - 1:
+                        finish(key)
+                    elif len(buf.offsets) >= chunk_records or buf.nbytes >= _CHUNK_BYTES:
+                        flush_buf(key)
+                if throttle:
+                    for key in list(bufs):
+                        flush_buf(key)
+                    time.sleep(throttle)
+                if time.monotonic() - last_flush > checkpoint_interval:
+                    for key in list(bufs):
+                        flush_buf(key)
+                    submit(writer.flush)
+                    last_flush = time.monotonic()
+            for key in list(bufs):
+                flush_buf(key)
+            while inflight:
+                inflight.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        total_records, total_bytes = totals
         manifest = writer.commit(extra={
             "kafka": {
                 "backup_type": "incremental" if plan.get("incremental_from") else "full",

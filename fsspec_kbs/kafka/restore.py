@@ -134,23 +134,39 @@ def run_restore(
     if offset_ranges:
         ds = KbsDataset(ds.backup, ds.scan_filter.and_(ScanFilter(offset_ranges=dict(offset_ranges))))
 
-    # -- plan: read offsets and timestamps of what passes the filters (exact counts) -------------
+    # -- plan: exact counts; from the manifest where a whole segment is inside the bounds --------
+    sf = ds.scan_filter
     plan: dict[tuple[str, int], PartitionPlan] = {}
-    for batch in ds.to_batches(columns=["topic", "partition", "offset", "timestamp"]):
-        if not batch.num_rows:
-            continue
-        t, p = batch.column(0)[0].as_py(), batch.column(1)[0].as_py()
+
+    def add(t: str, p: int, n: int, first: int, last: int, lo: int | None, hi: int | None) -> None:
         pp = plan.get((t, p))
         if pp is None:
             pp = plan[(t, p)] = PartitionPlan(t, p, mapping.get(t, t))
-        offs = batch.column(2).to_numpy()
-        ts = batch.column(3).cast(pa.int64()).to_numpy()
-        pp.records += len(offs)
-        pp.first_offset = int(offs[0]) if pp.first_offset is None else pp.first_offset
-        pp.last_offset = int(offs[-1])
-        lo, hi = int(ts.min()), int(ts.max())
-        pp.min_timestamp = lo if pp.min_timestamp is None else min(pp.min_timestamp, lo)
-        pp.max_timestamp = hi if pp.max_timestamp is None else max(pp.max_timestamp, hi)
+        pp.records += n
+        pp.first_offset = first if pp.first_offset is None else min(pp.first_offset, first)
+        pp.last_offset = last if pp.last_offset is None else max(pp.last_offset, last)
+        if lo is not None:
+            pp.min_timestamp = lo if pp.min_timestamp is None else min(pp.min_timestamp, lo)
+        if hi is not None:
+            pp.max_timestamp = hi if pp.max_timestamp is None else max(pp.max_timestamp, hi)
+
+    for ref in ds.fragments():
+        s_off, e_off = sf.bounds(ref.topic, ref.partition)
+        whole = (ref.records is not None and ref.first_offset is not None and ref.last_offset is not None
+                 and ref.min_timestamp is not None and ref.max_timestamp is not None
+                 and (s_off is None or ref.first_offset >= s_off) and (e_off is None or ref.last_offset < e_off)
+                 and (sf.start_time is None or ref.min_timestamp >= sf.start_time)
+                 and (sf.end_time is None or ref.max_timestamp < sf.end_time))
+        if whole:
+            if ref.records:
+                add(ref.topic, ref.partition, ref.records, ref.first_offset, ref.last_offset,
+                    ref.min_timestamp, ref.max_timestamp)
+            continue
+        for cols in ds.backup.iter_columns(ref):
+            mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
+            offs, ts = (cols.offsets, cols.timestamps) if mask is None else (cols.offsets[mask], cols.timestamps[mask])
+            if len(offs):
+                add(ref.topic, ref.partition, len(offs), int(offs[0]), int(offs[-1]), int(ts.min()), int(ts.max()))
     plans = sorted(plan.values(), key=lambda x: (x.topic, x.partition))
     if on_plan is not None:
         on_plan(plans)
@@ -245,27 +261,26 @@ def run_restore(
         offs = offs_np.tolist()
         ts = batch.column("timestamp").cast(pa.int64()).to_numpy().tolist()
         hcol = batch.column("headers")
-        has_headers = len(hcol.values) > 0 if isinstance(hcol, pa.ListArray) else True
-        hdrs = ([None if not h else [(d["key"], d["value"]) for d in h] for h in hcol.to_pylist()]
-                if has_headers else None)
+        hdrs = _headers_lists(hcol)
         markers: dict[int, list[int]] = {}
         for c in wanted.get(src, []):
             if c <= offs[-1] and (src[0], src[1], c) not in translated:
                 i = int(np.searchsorted(offs_np, c))
                 markers.setdefault(i, []).append(c)
-        last_cb_index = n - 1
+        markers.setdefault(n - 1, [])  # the last record of each batch tells where the data ends
         nbytes = 0
         for i in range(n):
             h = hdrs[i] if hdrs is not None else None
             if with_headers:
                 h = (h or []) + offset_headers(style, offs[i], ts[i], part)
             k, v = keys[i], values[i]
-            kw: dict[str, Any] = {}
-            if i in markers or i == last_cb_index:
-                kw["on_delivery"] = marker(src, markers.get(i, []), i == last_cb_index)
             while True:
                 try:
-                    produce(dst, v, k, part, timestamp=ts[i], headers=h, **kw)
+                    if i in markers:
+                        produce(dst, v, k, part, timestamp=ts[i], headers=h,
+                                on_delivery=marker(src, markers[i], i == n - 1))
+                    else:
+                        produce(dst, v, k, part, timestamp=ts[i], headers=h)
                     break
                 except BufferError:
                     poll(0.05)
@@ -318,6 +333,21 @@ def run_restore(
     result.records, result.bytes = total, total_bytes
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _headers_lists(hcol: pa.Array) -> list | None:
+    """Per record a list of (key, value) tuples or None; None for the column when no record has any."""
+    if hcol.null_count == len(hcol):
+        return None
+    offsets = hcol.offsets.to_numpy()
+    if offsets[-1] == offsets[0]:
+        return None
+    # .values ignores a slice of the list array; offsets are absolute into it.
+    base = int(offsets[0])
+    flat = hcol.values.slice(base, int(offsets[-1]) - base)
+    pairs = list(zip(flat.field("key").to_pylist(), flat.field("value").to_pylist(), strict=True))
+    bounds = (offsets - base).tolist()
+    return [pairs[a:b] or None for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
 
 
 def _wait_for_topics(admin: Any, topics: list[str], timeout: float) -> None:
