@@ -208,14 +208,14 @@ def import_log(
                         include_internal=include_internal)
     writer = BackupWriter(to_url, to_storage_options, compression=compression, mode=mode, **writer_options)
     try:
-        done: LogPartition | None = None
-        for part, kc in scan.iter_columns():
-            if done is not None and part is not done and progress is not None:
-                progress(scan.report.partitions[-2])
-            done = part
-            writer.write_columns(part.topic, part.partition, kc.columns)
-        if done is not None and progress is not None:
-            progress(scan.report.partitions[-1])
+        for part in scan.fragments():
+            stats = PartitionStats(part.topic, part.partition)
+            scan.report.partitions.append(stats)
+            for kc in scan.log.read_partition(part, verify_crc=verify_crc, on_corrupt_tail=on_corrupt_tail,
+                                              stats=stats):
+                writer.write_columns(part.topic, part.partition, kc.columns)
+            if progress is not None:
+                progress(stats)
         writer.commit(extra={"kafka_log_import": {
             "log_dir": log_dir,
             "partitions": [_manifest_stats(p) for p in scan.report.partitions],

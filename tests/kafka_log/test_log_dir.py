@@ -265,8 +265,10 @@ def test_no_verify_reads_past_a_bad_crc(log_dir: tuple[Path, dict]) -> None:
 def test_import_log_round_trip(log_dir: tuple[Path, dict], tmp_path: Path) -> None:
     d, exp = log_dir
     url = str(tmp_path / "backups" / "imported")
-    report = import_log(str(d), url, segment_max_records=100)
+    seen: list = []
+    report = import_log(str(d), url, segment_max_records=100, progress=seen.append)
     assert report.records == sum(len(e) for e in exp.values())
+    assert [(p.topic, p.partition, p.records) for p in seen] == [(t, p, len(exp[(t, p)])) for t, p in sorted(exp)]
     assert validate_backup(url, deep=True).ok
     assert table_rows(read_table(url)) == table_rows(read_kafka_log(str(d)))
     extra = open_backup(url).manifest.extra["kafka_log_import"]

@@ -29,8 +29,12 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 pytestmark = pytest.mark.kafka
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
-#: Roll a segment every ~10 batches and index every batch.
-SMALL_SEGMENTS = {"segment.index.bytes": "120", "index.interval.bytes": "1"}
+#: Roll a segment every ~10 batches and index every batch; never delete by retention (the broker's
+#: retention check would otherwise remove segments while a test reads them).
+SMALL_SEGMENTS = {"segment.index.bytes": "120", "index.interval.bytes": "1", "retention.ms": "-1",
+                  "retention.bytes": "-1"}
+#: Recent CreateTime timestamps (old ones would also count as expired for time retention).
+T0 = int(time.time() * 1000) - 3_600_000
 
 
 def _create(admin: AdminClient, topic: str, partitions: int, config: dict[str, str]) -> None:
@@ -47,7 +51,7 @@ def _produce(bootstrap: str, topic: str, n: int, partitions: int, codec: str = "
         value = None if tombstones and i % 13 == 5 else (f"{codec} record {i} " * (1 + i % 7)).encode()
         headers = [("n", str(i).encode()), ("empty", None)] if i % 3 == 0 else None
         p.produce(topic, key=None if i % 11 == 10 and not keys else key, value=value, partition=i % partitions,
-                  headers=headers, timestamp=1_700_000_000_000 + i * 7 - (i % 5) * 20)
+                  headers=headers, timestamp=T0 + i * 7 - (i % 5) * 20)
         if i % every == every - 1:
             p.flush(30)  # each flush ends a batch: many batches, many segments
     assert p.flush(30) == 0
