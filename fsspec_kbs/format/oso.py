@@ -138,14 +138,14 @@ def check_footer(data: bytes | memoryview, path: str | None = None, verify_check
                             "truncated or not an oso-native segment", path, size - 4)
     if verify_checksum:
         stored = int.from_bytes(data[size - FOOTER_SIZE : size - 4], "little")
-        actual = zlib.crc32(data[: size - FOOTER_SIZE])
+        actual = zlib.crc32(memoryview(data)[: size - FOOTER_SIZE])
         if stored != actual:
             raise ChecksumError(f"CRC-32 {actual:#010x} of header and body differs from the footer's "
                                 f"{stored:#010x}", path, size - FOOTER_SIZE)
 
 
 def decompress_body(codec: OsoCodec, body: bytes | memoryview, max_size: int, path: str | None = None,
-                    at: int = HEADER_SIZE) -> bytes:
+                    at: int = HEADER_SIZE) -> bytes | memoryview:
     """Decompress a segment body, refusing to produce more than ``max_size`` bytes.
 
     ``at`` is the body's byte offset in the file, for error locations.
@@ -153,7 +153,7 @@ def decompress_body(codec: OsoCodec, body: bytes | memoryview, max_size: int, pa
     if codec == OsoCodec.NONE:
         if len(body) > max_size:
             raise DecompressionError(f"body is {len(body)} bytes, above the allowed {max_size}", path, at)
-        return bytes(body)
+        return body  # no copy: the records are decoded straight from the file's bytes
     if codec == OsoCodec.ZSTD:
         return _zstd(body, max_size, path, at)
     if len(body) < 4:
@@ -163,7 +163,7 @@ def decompress_body(codec: OsoCodec, body: bytes | memoryview, max_size: int, pa
         raise DecompressionError(f"lz4 body declares {declared} uncompressed bytes, above the allowed "
                                  f"{max_size} (decompression bomb?)", path, at)
     try:
-        out = lz4.block.decompress(bytes(body[4:]), uncompressed_size=declared) if declared else b""
+        out = lz4.block.decompress(memoryview(body)[4:], uncompressed_size=declared) if declared else b""
     except lz4.block.LZ4BlockError as e:
         raise DecompressionError(f"invalid LZ4 block (declared {declared} bytes): {e}", path, at + 4) from e
     if len(out) != declared:
@@ -651,7 +651,7 @@ def _decode_legacy(data: bytes | memoryview, path: str | None, name: str, limit:
                 raise DecompressionError(f"legacy segment decompresses to more than the allowed {limit} bytes "
                                          "(decompression bomb?)", path, 0)
         else:
-            raw = decompress_body(codec, data, limit, path, 0)
+            raw = bytes(decompress_body(codec, data, limit, path, 0))
     except SegmentFormatError as e:
         if genuine:
             raise
