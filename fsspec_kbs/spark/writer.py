@@ -1,0 +1,295 @@
+"""Batch writer of the ``kbs`` data source: tasks stage segments, the driver publishes them.
+
+Protocol (see docs/spark.md, "How writes commit"):
+
+1. ``writer()`` (driver) picks a job id and, when appending, reads the last offset of every
+   partition already in the backup.
+2. Each task encodes its rows into segments under ``<backup>/_staging/<job>/<task-uuid>/``
+   and returns a :class:`KbsCommitMessage` listing them (plain data, picklable).
+3. ``commit()`` (driver) moves the staged segments to ``topics/<t>/<p>/segment-NNNNNNNN.kbs``
+   in offset order, rewriting the ones whose provisional offsets must be shifted, then
+   writes ``manifest.json`` last, atomically, and deletes the staging directory.
+4. ``abort()`` deletes the staging directory; a failed job never writes a manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from fsspec.core import url_to_fs
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from fsspec_kbs.arrow.convert import batch_to_columns, split_table, timestamps_of
+from fsspec_kbs.errors import KbsError, OffsetOrderError
+from fsspec_kbs.format import SegmentStats
+from fsspec_kbs.spark.options import KbsOptions
+from fsspec_kbs.store import BackupWriter, open_backup
+from fsspec_kbs.store.commit import put_atomic
+from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR
+from fsspec_kbs.store.staging import SegmentAdopter
+
+log = logging.getLogger("fsspec_kbs.spark")
+
+STAGING_DIR = "_staging"
+_STATS = tuple(SegmentStats.__dataclass_fields__)
+
+
+@dataclass
+class KbsCommitMessage(WriterCommitMessage):
+    """What one task staged: segment dicts (topic, partition, seq, path, SegmentStats fields).
+
+    ``assigned`` lists ``"topic/partition"`` keys whose offsets the task numbered itself
+    (the input had no offsets); the driver may shift those to follow earlier tasks.
+    """
+
+    task_index: int
+    task_id: str
+    segments: list[dict] = field(default_factory=list)
+    assigned: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+def _key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+class KbsWriter(DataSourceArrowWriter):
+    """Writes a DataFrame with Kafka-sink columns as a KBS backup.
+
+    Parameters
+    ----------
+    options : KbsOptions
+        Parsed options (path, storage options, topic, compression, segment limits).
+    overwrite : bool
+        Spark's save mode: True for ``overwrite``, False for ``append``.
+    """
+
+    def __init__(self, options: KbsOptions, overwrite: bool) -> None:
+        self.options = options
+        self.overwrite = overwrite
+        self.job_id = uuid.uuid4().hex
+        self.base_last: dict[str, int] = {}
+        self.compression = options.compression
+        if not overwrite:
+            self._read_base()
+        if self.compression is None:
+            self.compression = "zstd"
+
+    @property
+    def staging_url(self) -> str:
+        return f"{self.options.path.rstrip('/')}/{STAGING_DIR}/{self.job_id}"
+
+    def _read_base(self) -> None:
+        """Append: remember each partition's last offset, so tasks number new records after it."""
+        o = self.options
+        fs, path = url_to_fs(o.path, **o.storage_options)
+        if not fs.exists(f"{path.rstrip('/')}/{MANIFEST}"):
+            if fs.exists(f"{path.rstrip('/')}/{TOPICS_DIR}"):
+                raise KbsError(f"{o.path} holds segments but no manifest (an incomplete backup); "
+                               "append needs a complete backup; use mode('overwrite') to replace it")
+            return
+        backup = open_backup(o.path, o.storage_options)
+        if backup.layout != "kbs":
+            raise KbsError(f"cannot append to {o.path}: it is a {backup.layout!r} backup, not a KBS one")
+        codec = backup.manifest.compression.get("algorithm") if backup.manifest else None
+        if self.compression is None:
+            self.compression = codec
+        elif codec and backup.segments() and codec != self.compression:
+            raise KbsError(f"cannot append {self.compression} segments to {o.path}, a {codec} backup "
+                           "(one codec per backup): drop option('compression') or match it")
+        for ref in backup.segments():
+            if ref.last_offset is not None:
+                k = _key(ref.topic, ref.partition)
+                self.base_last[k] = max(self.base_last.get(k, -1), ref.last_offset)
+
+    def _writer_kwargs(self) -> dict:
+        o = self.options
+        return dict(compression=self.compression, level=o.level, segment_max_bytes=o.segment_max_bytes,
+                    segment_max_records=o.segment_max_records, batch_max_bytes=o.batch_max_bytes)
+
+    # -- executor ----------------------------------------------------------------------------------
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KbsCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        task_index = ctx.partitionId() if ctx is not None else 0
+        task_id = uuid.uuid4().hex
+        o = self.options
+        staged = BackupWriter(f"{self.staging_url}/{task_id}", o.storage_options, mode="error",
+                              **self._writer_kwargs())
+        next_offset: dict[str, int] = {}
+        assigned: set[str] = set()
+        given: set[str] = set()
+        records = 0
+        try:
+            for batch in iterator:
+                for topic, partition, part in split_table(batch, topic=o.topic):
+                    k = _key(topic, partition)
+                    offsets, part = self._offsets(part, k, next_offset, assigned, given)
+                    cols = batch_to_columns(part, offsets, timestamps_of(part))
+                    try:
+                        staged.write_columns(topic, partition, cols)
+                    except OffsetOrderError as e:
+                        raise OffsetOrderError(
+                            f"{e}. Within a task the offsets of a partition must increase from batch "
+                            "to batch: sortWithinPartitions('topic', 'partition', 'offset') first") from e
+                    records += len(cols)
+            staged.flush()
+        except BaseException:
+            staged.abort()
+            raise
+        if self._aborted():
+            # The job was aborted while this task ran (another task failed): the driver's abort
+            # may have run before these files existed, so this task removes its own.
+            staged.abort()
+            raise KbsError(f"write to {o.path} was aborted while task {task_index} ran")
+        segments = [
+            {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats)}
+            for w in staged.written_segments
+        ]
+        return KbsCommitMessage(task_index, task_id, segments, sorted(assigned), records)
+
+    def _offsets(self, part: pa.RecordBatch, k: str, next_offset: dict[str, int], assigned: set[str],
+                 given: set[str]) -> tuple[np.ndarray, pa.RecordBatch]:
+        n = part.num_rows
+        col = part.column("offset") if "offset" in part.schema.names else None
+        if col is not None and col.null_count == 0:
+            if k in assigned:
+                raise ValueError(f"partition {k}: some rows have offsets and some not; give all or none")
+            given.add(k)
+            if not pa.types.is_integer(col.type):
+                raise TypeError(f"column 'offset' must be an integer, not {col.type}")
+            offsets = col.cast(pa.int64()).to_numpy()
+            if n > 1 and not bool(np.all(offsets[1:] >= offsets[:-1])):
+                # Rows within one Arrow batch are sorted here; across batches the order must hold.
+                order = pc.sort_indices(col)
+                part = part.take(order)
+                offsets = offsets[order.to_numpy()]
+            return offsets, part
+        if col is not None and col.null_count != n:
+            raise ValueError(f"partition {k}: column 'offset' has nulls; give every record an offset or none")
+        if k in given:
+            raise ValueError(f"partition {k}: some rows have offsets and some not; give all or none")
+        assigned.add(k)
+        start = next_offset.get(k, self.base_last.get(k, -1) + 1)
+        next_offset[k] = start + n
+        return np.arange(start, start + n, dtype=np.int64), part
+
+    # -- driver ------------------------------------------------------------------------------------
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        o = self.options
+        msgs = [m for m in messages if isinstance(m, KbsCommitMessage)]
+        if len(msgs) != len(messages):
+            raise KbsError("commit got a failed task's message; refusing to publish a partial backup")
+        msgs.sort(key=lambda m: m.task_index)
+        # Check the whole plan before touching the backup: an overwrite deletes the old one.
+        plan = _plan(msgs)
+        fs, path = url_to_fs(o.path, **o.storage_options)
+        exists = fs.exists(f"{path.rstrip('/')}/{MANIFEST}")
+        mode = "overwrite" if self.overwrite else ("append" if exists else "error")
+        adopter = SegmentAdopter(o.path, o.storage_options, mode=mode, **self._writer_kwargs())
+        try:
+            for (topic, partition), assigned, items in plan:
+                if assigned:
+                    self._commit_assigned(adopter, topic, partition, items)
+                    continue
+                for _, seg in items:
+                    # Raises OffsetOrderError when an append would make offsets go backwards.
+                    adopter.adopt_segment(topic, partition, seg["path"], _stats(seg))
+            adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
+            log.info("kbs: committed %d task(s) to %s", len(msgs), o.path)
+        except BaseException:
+            adopter.abort()
+            raise
+        finally:
+            self._remove_staging()
+
+    def _commit_assigned(self, adopter: SegmentAdopter, topic: str, partition: int,
+                         items: list[tuple[KbsCommitMessage, dict]]) -> None:
+        """Offsets numbered by the tasks: each task's records follow the previous task's, in task order."""
+        next_offset = adopter.last_offset(topic, partition) + 1
+        shift = None
+        task = None
+        for m, seg in items:
+            if m is not task:
+                task, shift = m, next_offset - seg["first_offset"]
+            if shift == 0:
+                adopter.adopt_segment(topic, partition, seg["path"], _stats(seg))
+            else:
+                adopter.rewrite_segment(topic, partition, seg["path"], shift)  # type: ignore[arg-type]
+            next_offset = seg["last_offset"] + shift + 1  # type: ignore[operator]
+
+    @property
+    def _marker_url(self) -> str:
+        return f"{self.staging_url}.aborted"
+
+    def _aborted(self) -> bool:
+        fs, path = url_to_fs(self._marker_url, **self.options.storage_options)
+        return bool(fs.exists(path))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("kbs: write to %s aborted; removing staged segments", self.options.path)
+        # Marker first, then delete: a task still running either staged its files before the
+        # delete (removed here) or sees the marker afterwards and removes them itself.
+        fs, path = url_to_fs(self._marker_url, **self.options.storage_options)
+        put_atomic(fs, path, b"aborted\n")
+        self._remove_staging(keep_marker=True)
+
+    def _remove_staging(self, keep_marker: bool = False) -> None:
+        """Delete this job's staging directory; after a commit also old jobs' abort markers."""
+        o = self.options
+        fs, path = url_to_fs(self.staging_url, **o.storage_options)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(path, recursive=True)
+        if keep_marker:
+            return
+        root = path.rsplit("/", 1)[0]
+        try:
+            for entry in fs.ls(root, detail=False):
+                if entry.endswith(".aborted"):
+                    fs.rm_file(entry)
+            if not fs.ls(root, detail=False):
+                fs.rm(root, recursive=True)
+        except (FileNotFoundError, OSError):
+            pass  # nothing left, or an object store without directories
+
+
+def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, dict]]]]:
+    """Staged segments per (topic, partition), in the order they will be published.
+
+    Segments whose offsets the tasks numbered stay in task order (they are shifted at commit);
+    segments with given offsets are sorted by offset and must not overlap.
+    """
+    by_key: dict[tuple[str, int], list[tuple[KbsCommitMessage, dict]]] = {}
+    for m in msgs:
+        for seg in sorted(m.segments, key=lambda s: s["seq"]):
+            by_key.setdefault((seg["topic"], seg["partition"]), []).append((m, seg))
+    plan = []
+    for (topic, partition), items in sorted(by_key.items()):
+        k = _key(topic, partition)
+        kinds = {k in m.assigned for m, _ in items}
+        if len(kinds) > 1:
+            raise ValueError(f"partition {k}: some tasks gave offsets and some did not; give all or none")
+        assigned = kinds == {True}
+        if not assigned:
+            items = sorted(items, key=lambda it: it[1]["first_offset"])
+            for (_, a), (_, b) in zip(items, items[1:], strict=False):
+                if b["first_offset"] <= a["last_offset"]:
+                    raise OffsetOrderError(
+                        f"offsets of {k} overlap between tasks ({a['first_offset']}..{a['last_offset']} and "
+                        f"{b['first_offset']}..{b['last_offset']}): repartition('topic', 'partition') and "
+                        "sortWithinPartitions('offset') so one task writes each partition in order, "
+                        "or drop the offset column to have offsets assigned")
+        plan.append(((topic, partition), assigned, items))
+    return plan
+
+
+def _stats(seg: dict) -> SegmentStats:
+    return SegmentStats(**{k: seg[k] for k in _STATS})
