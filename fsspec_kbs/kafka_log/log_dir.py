@@ -58,6 +58,10 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__clu
                              "__share_group_state"})
 
 
+#: Records decoded into one chunk at most (bounds memory for highly compressed batches).
+CHUNK_RECORDS = 256 * 1024
+
+
 class KafkaLogWarning(UserWarning):
     """Something in a Kafka log directory was skipped or truncated; the message says what."""
 
@@ -318,7 +322,7 @@ class KafkaLogDir:
                 filt: ReadCommittedFilter, stats: PartitionStats, start_offset: int | None, end_offset: int | None,
                 start_time: int | None, max_batch_bytes: int, chunk_bytes: int) -> Iterator[KafkaColumns]:
         group: list[KafkaBatchHeader] = []
-        size = 0
+        size = count = 0
         for h in headers:
             if end_offset is not None and h.base_offset >= end_offset:
                 break
@@ -338,9 +342,11 @@ class KafkaLogDir:
                 continue
             group.append(h)
             size += h.size
-            if size >= chunk_bytes:
+            count += h.records_count
+            # Compressed size alone would make huge chunks of well-compressed data; cap records too.
+            if size >= chunk_bytes or count >= CHUNK_RECORDS:
                 yield self._emit(data, pos, path, group, stats, max_batch_bytes)
-                group, size = [], 0
+                group, size, count = [], 0, 0
         if group:
             yield self._emit(data, pos, path, group, stats, max_batch_bytes)
 
