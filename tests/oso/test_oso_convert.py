@@ -221,3 +221,20 @@ def test_cli_convert(conformance: Path, tmp_path: Path) -> None:
 def test_progress_type() -> None:
     p = ConvertProgress(segments_total=3)
     assert p.segments_done == 0 and p.records == 0
+
+
+@pytest.mark.s3
+@pytest.mark.conformance
+def test_convert_to_and_from_s3(conformance: Path, tmp_path: Path, s3_root: str, s3_storage_options: dict) -> None:
+    src = vector(conformance, "zstd")
+    expected = load_expected(src.parent / "expected.jsonl")
+    convert_backup(str(src), f"{s3_root}/oso-1", to="oso", dst_storage_options=s3_storage_options,
+                   segment_max_records=250)
+    assert open_backup(f"{s3_root}/oso-1", s3_storage_options).layout == "oso"
+    assert table_rows(fsspec_kbs.read_table(f"{s3_root}/oso-1", storage_options=s3_storage_options)) == expected
+    fs = fsspec.filesystem("s3", **s3_storage_options)
+    m = json.loads(fs.cat(f"{s3_root}/oso-1/manifest.json"))
+    # keys are relative to the root (the S3 prefix is not part of them)
+    assert all(s["key"].startswith("oso-1/topics/") for t in m["topics"] for p in t["partitions"] for s in p["segments"])
+    convert_backup(f"{s3_root}/oso-1", str(tmp_path / "kbs-1"), to="kbs", storage_options=s3_storage_options)
+    assert table_rows(fsspec_kbs.read_table(str(tmp_path / "kbs-1"))) == expected
