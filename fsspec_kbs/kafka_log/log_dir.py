@@ -273,6 +273,7 @@ class KafkaLogDir:
                 aborted.extend(parse_txn_index(self.fs.cat_file(s.txnindex), s.txnindex))
         filt = ReadCommittedFilter(aborted)
         tracker = TxnTracker()
+        resolved: set[tuple[int, int]] = set()
         started = False
         for seg in segs:
             pos = self._seek(seg, start_offset, start_time)
@@ -299,10 +300,14 @@ class KafkaLogDir:
                     controls[h.position] = control_type(data, h, h.position - pos, seg.path)
                 tracker.add(h, controls.get(h.position))
             filt.add(tracker.aborted)
-            if tracker.open:
+            # Transactions still open at the end of this segment: find their markers further on
+            # (once per transaction, however many segments it spans).
+            pending = {pid: first for pid, first in tracker.open.items() if (pid, first) not in resolved}
+            if pending:
                 rest = [] if tail is not None else [s for s in part.segments if s.base_offset > seg.base_offset]
-                found, still_open = self._lookahead(rest, dict(tracker.open))
+                found, still_open = self._lookahead(rest, dict(pending))
                 filt.add(found)
+                resolved.update((pid, first) for pid, first in pending.items() if pid not in still_open)
                 if still_open:
                     # No marker before the log ends: never committed, so a consumer never sees them.
                     unfinished = [AbortedTxn(first, pid) for pid, first in still_open.items()]

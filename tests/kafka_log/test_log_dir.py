@@ -330,3 +330,35 @@ def test_copy_of_log_dir_on_memory_fs(log_dir: tuple[Path, dict]) -> None:
         assert t.num_rows == len(exp[("orders", 1)])
     finally:
         mem.rm("/kl", recursive=True)
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_transaction_spanning_many_segments_markers_only(tmp_path: Path, commit: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsspec_kbs.kafka_log import log_dir as mod
+
+    calls: list[int] = []
+    real = mod.KafkaLogDir._lookahead
+
+    def spy(self, segs, pending):  # type: ignore[no-untyped-def]
+        calls.append(len(pending))
+        return real(self, segs, pending)
+
+    monkeypatch.setattr(mod.KafkaLogDir, "_lookahead", spy)
+    offset = 0
+    want = []
+    for s in range(6):
+        batches = []
+        for _ in range(3):
+            batches.append(kl.encode_kafka_batch(recs(offset, 2), producer_id=5, producer_epoch=0, transactional=True))
+            want += [offset, offset + 1] if commit else []
+            offset += 2
+            batches.append(kl.encode_kafka_batch(recs(offset, 1)))
+            want.append(offset)
+            offset += 1
+        if s == 5:
+            batches.append(kl.encode_control_batch(offset, 5, commit=commit))
+            offset += 1
+        write_segment(tmp_path / "long-0", batches)
+    assert read_kafka_log(str(tmp_path)).column("offset").to_pylist() == want
+    assert calls == [1]  # the marker is searched for once, not at every segment boundary
