@@ -113,4 +113,21 @@ def test_read_from_s3(spark, conformance: Path, s3_root: str, s3_storage_options
     df = (spark.read.format("kbs").option("storage_options", json.dumps(s3_storage_options))
           .option("topics", "orders").load(f"{s3_root}/backup-1"))
     assert df_rows(df) == [r for r in load_expected(case / "expected.jsonl") if r["topic"] == "orders"]
+    # The same through one storage.<key> option each (JSON values are parsed).
+    read = spark.read.format("kbs")
+    for k, v in s3_storage_options.items():
+        read = read.option(f"storage.{k}", v if isinstance(v, str) else json.dumps(v))
+    assert read.load(f"{s3_root}/backup-1").count() == len(load_expected(case / "expected.jsonl"))
+
+
+def test_projection_and_headers_option(spark, conformance: Path) -> None:  # type: ignore[no-untyped-def]
+    case = conformance / "valid" / "zstd-v1.1"
+    expected = load_expected(case / "expected.jsonl")
+    no_headers = spark.read.format("kbs").option("includeHeaders", "false").load(str(case / "backup-1"))
+    assert "headers" not in no_headers.columns and no_headers.count() == len(expected)
+    # A user-given schema with a subset of the columns reads just those.
+    some = spark.read.format("kbs").schema("offset long, value binary").load(str(case / "backup-1"))
+    assert some.columns == ["offset", "value"]
+    got = sorted(((r.offset, r.value) for r in some.collect()), key=lambda t: (t[0], t[1] or b""))
+    assert got == sorted(((r["offset"], r["value"]) for r in expected), key=lambda t: (t[0], t[1] or b""))
 
