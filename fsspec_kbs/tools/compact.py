@@ -149,12 +149,15 @@ def compact_backup(
         A partition holds records with a null key (kept, since they cannot be compacted).
     """
     retention = None if delete_retention is None else parse_duration(delete_retention)
-    backup = open_backup(url, storage_options)
+    backup = open_backup(url, storage_options)  # either layout (KBS or oso-native); writes KBS
+    kbs_manifest = backup.manifest if backup.layout == "kbs" else None
     if compression is None:
-        compression = (backup.manifest.compression.get("algorithm") if backup.manifest else None) or "zstd"
+        codecs = {r.codec for r in backup.segments()}
+        compression = (kbs_manifest.compression.get("algorithm") if kbs_manifest is not None
+                       else codecs.pop() if len(codecs) == 1 and codecs <= {"none", "lz4", "zstd"} else "zstd")
     report = CompactionReport(url, to_url, retention)
     writer = BackupWriter(to_url, to_storage_options, compression=compression, mode=mode,
-                          source_cluster=backup.manifest.source_cluster if backup.manifest else None,
+                          source_cluster=kbs_manifest.source_cluster if kbs_manifest is not None else None,
                           **writer_options)
     try:
         groups: dict[tuple[str, int], list[SegmentRef]] = {}

@@ -155,6 +155,9 @@ def retain_backup(
     if age is None and size_cap is None:
         raise ValueError("give max_age and/or max_bytes")
     backup = open_backup(url, storage_options)
+    if backup.layout != "kbs":
+        raise KbsError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
+                       "it first (kbs convert SRC DST --to kbs)")
     if backup.manifest is None:  # pragma: no cover - open_backup refuses incomplete backups
         raise KbsError(f"{url} has no manifest")
     fs, path = url_to_fs(to_url, **(to_storage_options or {}))

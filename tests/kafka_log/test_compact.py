@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,13 @@ from hypothesis import strategies as st
 
 from fsspec_kbs import read_table
 from fsspec_kbs.cli.main import cli
+from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.store import BackupWriter, open_backup
-from fsspec_kbs.tools import CompactionWarning, compact_backup
+from fsspec_kbs.store.open import detect_layout
+from fsspec_kbs.tools import CompactionWarning, compact_backup, retain_backup
 from fsspec_kbs.validate import validate_backup
-from tests.conftest import table_rows
+from tests.conftest import load_expected, table_rows
 
 
 def naive_compact(records: list[dict], retention: int | None) -> list[dict]:
@@ -90,8 +93,6 @@ def test_compaction_matches_naive_reference(tmp_path: Path, parts: dict, retenti
 
 class _nothing:
     def __enter__(self) -> None:
-        import warnings
-
         self._cm = warnings.catch_warnings()
         self._cm.__enter__()
         warnings.simplefilter("error", CompactionWarning)
@@ -134,3 +135,18 @@ def test_cli_compact(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "already exists" in res.stderr
     res = CliRunner().invoke(cli, ["compact", src, "--to", dst, "--delete-retention", "soon"])
     assert res.exit_code == 2 and "duration" in res.output
+
+
+def test_compact_oso_native_backup(conformance: Path, tmp_path: Path) -> None:
+    """Compaction reads either layout (here the OSO tool's) and writes KBS."""
+    src = conformance / "oso-native" / "zstd" / "oso-backup-1"
+    expected = load_expected(src.parent / "expected.jsonl")
+    dst = str(tmp_path / "b" / "compacted")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompactionWarning)
+        compact_backup(str(src), dst)
+    assert detect_layout(dst) == "kbs"
+    want = naive_compact(expected, None)
+    assert table_rows(read_table(dst)) == want
+    with pytest.raises(KbsError, match="convert"):
+        retain_backup(str(src), str(tmp_path / "b" / "r"), max_age="1d")
