@@ -16,7 +16,8 @@ from fsspec_kbs.errors import KbsError
               help="Layout to write: kbs (published KBS format) or oso (the OSO kafka-backup tool's own).")
 @storage_options_option
 @click.option("-D", "--dst-storage-option", "dst_storage_option", multiple=True, metavar="KEY=VALUE",
-              help="fsspec storage option for DST_URL only (repeatable); default: the -S options.")
+              help="fsspec storage option for DST_URL only (repeatable); default: the -S options "
+                   "when both URLs use the same protocol.")
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]),
               help="Codec of the output (default: the source's).")
 @click.option("--level", type=int, help="Codec level.")
