@@ -2,6 +2,7 @@
 
 from fsspec_kbs.api import open_reader, read_pandas, read_table, write_batches, write_table
 from fsspec_kbs.arrow.schema import KAFKA_SCHEMA
+from fsspec_kbs.convert import convert_backup
 from fsspec_kbs.dataset import KbsDataset, KbsScanner
 from fsspec_kbs.errors import (
     BackupNotFoundError,
@@ -40,10 +41,12 @@ __all__ = [
     "KbsScanner",
     "Manifest",
     "ManifestError",
+    "OsoBackup",
     "ScanFilter",
     "SegmentFormatError",
     "SegmentRef",
     "UnsupportedVersionError",
+    "convert_backup",
     "list_backups",
     "open_backup",
     "open_reader",

@@ -94,7 +94,7 @@ def validate_backup(
         report.add(url, e)
         return report
     _check_partition_order(refs, report)
-    if backup.manifest is not None:
+    if backup.layout == "kbs" and backup.manifest is not None:
         stats = backup.manifest.statistics
         total = sum(r.records or 0 for r in refs)
         if stats.get("records") != total:
