@@ -16,6 +16,7 @@ from fsspec_kbs.errors import (
     UnsupportedVersionError,
 )
 from fsspec_kbs.filters import ScanFilter
+from fsspec_kbs.kafka_log import import_log, open_kafka_log_reader, read_kafka_log
 from fsspec_kbs.store import (
     BackupWriter,
     KbsBackup,
@@ -46,12 +47,17 @@ __all__ = [
     "SegmentFormatError",
     "SegmentRef",
     "UnsupportedVersionError",
+    "compact_backup",
     "convert_backup",
+    "import_log",
     "list_backups",
     "open_backup",
+    "open_kafka_log_reader",
     "open_reader",
     "read_pandas",
+    "read_kafka_log",
     "read_table",
+    "retain_backup",
     "write_batches",
     "write_table",
 ]
