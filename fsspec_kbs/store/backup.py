@@ -96,6 +96,22 @@ def _strip(path: str) -> str:
     return path.rstrip("/")
 
 
+def resolve(url: str, storage_options: dict | None = None,
+            fs: fsspec.AbstractFileSystem | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and path of ``url`` (``url`` is already a path when ``fs`` is given)."""
+    if fs is None:
+        fs, url = url_to_fs(url, **(storage_options or {}))
+    return fs, _strip(url)
+
+
+def read_manifest_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes | None:
+    """``manifest.json`` of the backup at ``path``, or None when there is none."""
+    try:
+        return fs.cat_file(f"{path}/{MANIFEST}")
+    except FileNotFoundError:
+        return None
+
+
 class KbsBackup:
     """A KBS backup directory: manifest plus segments, on any fsspec filesystem.
 
@@ -103,6 +119,8 @@ class KbsBackup:
     """
 
     layout = "kbs"
+    #: Backup ids of this layout follow kbs-format.md §1.
+    check_id = True
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: Manifest | None,
                  url: str | None = None, storage_options: dict | None = None) -> None:
@@ -133,17 +151,15 @@ class KbsBackup:
         ------
         BackupNotFoundError, IncompleteBackupError, ManifestError, UnsupportedVersionError
         """
-        if fs is None:
-            fs, path = url_to_fs(url, **(storage_options or {}))
-        else:
-            path = url
-        path = _strip(path)
-        check_backup_id(path.rsplit("/", 1)[-1])
-        mpath = f"{path}/{MANIFEST}"
-        try:
-            raw = fs.cat_file(mpath)
-        except FileNotFoundError:
-            raw = None
+        fs, path = resolve(url, storage_options, fs)
+        return cls.from_storage(fs, path, read_manifest_bytes(fs, path), url, storage_options, allow_incomplete)
+
+    @classmethod
+    def from_storage(cls, fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None, url: str,
+                     storage_options: dict | None = None, allow_incomplete: bool = False) -> KbsBackup:
+        """Build from manifest bytes already read (None: no manifest there)."""
+        if cls.check_id:
+            check_backup_id(path.rsplit("/", 1)[-1])
         if raw is None:
             if not fs.exists(path):
                 raise BackupNotFoundError(f"no backup at {url}")
@@ -153,8 +169,11 @@ class KbsBackup:
                     "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds."
                 )
             return cls(fs, path, None, url, storage_options)
-        manifest = Manifest.from_json(raw, mpath)
-        return cls(fs, path, manifest, url, storage_options)
+        return cls(fs, path, cls.parse_manifest(raw, f"{path}/{MANIFEST}"), url, storage_options)
+
+    @classmethod
+    def parse_manifest(cls, raw: bytes, path: str) -> Any:
+        return Manifest.from_json(raw, path)
 
     @property
     def backup_id(self) -> str:

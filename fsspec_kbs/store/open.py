@@ -9,7 +9,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import InvalidNameError
-from fsspec_kbs.store.backup import KbsBackup
+from fsspec_kbs.store.backup import KbsBackup, read_manifest_bytes, resolve
 from fsspec_kbs.store.names import MANIFEST, check_backup_id
 from fsspec_kbs.store.oso_backup import OsoBackup, is_oso_manifest, looks_like_oso_without_manifest
 
@@ -22,22 +22,21 @@ def open_backup(url: str, storage_options: dict | None = None, allow_incomplete:
     OSO kafka-backup tool's (:class:`~fsspec_kbs.store.oso_backup.OsoBackup`); without a
     manifest, ``topics/<t>/partition=<p>/`` directories tell the same. Anything else is KBS.
     """
-    if detect_layout(url, storage_options, fs) == "oso":
-        return OsoBackup.open(url, storage_options, allow_incomplete=allow_incomplete, fs=fs)
-    return KbsBackup.open(url, storage_options, allow_incomplete=allow_incomplete, fs=fs)
+    fs, path = resolve(url, storage_options, fs)
+    raw = read_manifest_bytes(fs, path)
+    cls = OsoBackup if _layout(fs, path, raw) == "oso" else KbsBackup
+    return cls.from_storage(fs, path, raw, url, storage_options, allow_incomplete)
 
 
 def detect_layout(url: str, storage_options: dict | None = None,
                   fs: fsspec.AbstractFileSystem | None = None) -> str:
     """``"oso"`` or ``"kbs"`` for the backup at ``url`` (one small read, two listings at most)."""
-    if fs is None:
-        fs, path = url_to_fs(url, **(storage_options or {}))
-    else:
-        path = url
-    path = path.rstrip("/")
-    try:
-        raw = fs.cat_file(f"{path}/{MANIFEST}")
-    except FileNotFoundError:
+    fs, path = resolve(url, storage_options, fs)
+    return _layout(fs, path, read_manifest_bytes(fs, path))
+
+
+def _layout(fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None) -> str:
+    if raw is None:
         return "oso" if looks_like_oso_without_manifest(fs, path) else "kbs"
     try:
         doc = json.loads(raw)

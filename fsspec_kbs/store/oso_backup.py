@@ -14,11 +14,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import (
     BackupNotFoundError,
-    IncompleteBackupError,
     ManifestError,
     SegmentMismatchError,
 )
@@ -36,7 +34,7 @@ from fsspec_kbs.format.oso import (
     decode_segment,
 )
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size
-from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR
+from fsspec_kbs.store.names import TOPICS_DIR
 
 LAYOUT = "oso"
 _PARTITION_PREFIX = "partition="
@@ -175,6 +173,7 @@ class OsoBackup(KbsBackup):
     """
 
     layout = LAYOUT
+    check_id = False  # the OSO tool names backups freely; paths come from manifest keys
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: OsoManifest | None,  # type: ignore[override]
                  url: str | None = None, storage_options: dict | None = None) -> None:
@@ -184,28 +183,8 @@ class OsoBackup(KbsBackup):
         self._timestamps: dict[str, tuple[int | None, int | None]] = {}
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None, allow_incomplete: bool = False,
-             fs: fsspec.AbstractFileSystem | None = None) -> OsoBackup:
-        """Open the oso-native backup at ``url`` (``<root>/<backup_id>``)."""
-        if fs is None:
-            fs, path = url_to_fs(url, **(storage_options or {}))
-        else:
-            path = url
-        path = path.rstrip("/")
-        mpath = f"{path}/{MANIFEST}"
-        try:
-            raw = fs.cat_file(mpath)
-        except FileNotFoundError:
-            raw = None
-        if raw is None:
-            if not fs.exists(path):
-                raise BackupNotFoundError(f"no backup at {url}")
-            if not allow_incomplete:
-                raise IncompleteBackupError(
-                    f"{url} has no {MANIFEST}: the backup is incomplete (interrupted or still running). "
-                    "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds.")
-            return cls(fs, path, None, url, storage_options)
-        return cls(fs, path, OsoManifest.parse(raw, mpath), url, storage_options)
+    def parse_manifest(cls, raw: bytes, path: str) -> OsoManifest:
+        return OsoManifest.parse(raw, path)
 
     @property
     def backup_id(self) -> str:
