@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import os
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -13,9 +16,21 @@ import pyarrow as pa
 from fsspec_kbs.arrow.convert import columns_to_batch
 from fsspec_kbs.arrow.schema import COLUMNS, project
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
+from fsspec_kbs.format.segment import decode_threads
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 
 _ROW_COLUMNS = ("offset", "timestamp")
+
+
+#: Record data per decoded chunk (one Arrow batch before filtering). Small enough that the
+#: chunks in flight stay a few tens of MB; large enough that per-chunk overhead is noise.
+CHUNK_BYTES = 4 * 1024 * 1024
+#: Decoded chunks a segment's worker may hold ready ahead of the consumer.
+CHUNK_QUEUE = 1
+#: Compressed segment bytes held by the workers at once (a segment is read whole). A segment
+#: larger than this still runs, alone; it then uses the cores through chunk-level decoding
+#: (:meth:`fsspec_kbs.format.SegmentReader.iter_columns`), so both levels keep the cores busy.
+SEGMENT_BUDGET = 96 * 1024 * 1024
 
 
 def default_workers() -> int:
@@ -145,9 +160,15 @@ class KbsScanner:
     def fragments(self) -> list[SegmentRef]:
         return self.dataset.fragments(self.scan_filter)
 
-    def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
-        out = []
-        for cols in self.dataset.backup.iter_columns(ref, verify_checksums=self.verify):
+    def _iter_segment(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
+        """Filtered Arrow batches of one segment, one per decoded chunk, as they are decoded."""
+        chunks = self.dataset.backup.iter_columns(ref, verify_checksums=self.verify,
+                                                  max_chunk_bytes=CHUNK_BYTES)
+        if not self.use_threads:
+            with decode_threads(1):  # one thread means one: no chunk-level decoding pool either
+                first = next(chunks, None)
+            chunks = iter(() if first is None else itertools.chain([first], chunks))
+        for cols in chunks:
             mask = self.scan_filter.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
             batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path)
             if mask is not None:
@@ -155,36 +176,45 @@ class KbsScanner:
             if self.expression is not None:
                 batch = batch.filter(self.expression).select(self.columns)
             if batch.num_rows:
-                out.append(batch)
-        return out
+                yield batch
 
-    def _guarded(self, ref: SegmentRef) -> list[pa.RecordBatch]:
+    def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
+        return list(self._iter_segment(ref))
+
+    def _guarded(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
+        if self.on_error == "raise":
+            # Stream: memory stays at a few chunks per worker, whatever the segment size.
+            yield from self._iter_segment(ref)
+            return
         try:
-            return self._read_segment(ref)
+            # Skipping must drop a corrupt segment whole, so its batches wait for its end.
+            batches = self._read_segment(ref)
         except Exception as e:
             from fsspec_kbs.errors import KbsError
 
-            if self.on_error == "skip" and isinstance(e, KbsError):
+            if isinstance(e, KbsError):
                 self.errors.append(e)
-                return []
+                return
             raise
+        yield from batches
 
-    def _segment_batches(self) -> Iterator[list[pa.RecordBatch]]:
+    def _segment_batches(self) -> Iterator[pa.RecordBatch]:
         refs = self.fragments
         if not self.use_threads or len(refs) < 2:
             for ref in refs:
-                yield self._guarded(ref)
+                yield from self._guarded(ref)
             return
-        yield from ordered_map(self._guarded, refs, default_workers())
+        sizes = [SEGMENT_BUDGET if ref.size_bytes is None else int(ref.size_bytes) for ref in refs]
+        yield from ordered_stream(self._guarded, refs, default_workers(), CHUNK_QUEUE,
+                                  sizes=sizes, budget=SEGMENT_BUDGET)
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
-        for batches in self._segment_batches():
-            for batch in batches:
-                if self.batch_size is None or batch.num_rows <= self.batch_size:
-                    yield batch
-                else:
-                    for start in range(0, batch.num_rows, self.batch_size):
-                        yield batch.slice(start, self.batch_size)
+        for batch in self._segment_batches():
+            if self.batch_size is None or batch.num_rows <= self.batch_size:
+                yield batch
+            else:
+                for start in range(0, batch.num_rows, self.batch_size):
+                    yield batch.slice(start, self.batch_size)
 
     def to_reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.out_schema, self.to_batches())
@@ -233,4 +263,116 @@ def ordered_map(fn: Callable[[Any], Any], items: list, workers: int, prefetch: i
                 yield result
         finally:
             for f in pending:
+                f.cancel()
+
+
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Budget:
+    """Admits items in their order while the sum of admitted sizes stays within ``limit``.
+
+    An item is always admitted when nothing else is, so one larger than ``limit`` runs alone.
+    Strict ticket order means a later item never takes budget an earlier one waits for.
+    """
+
+    def __init__(self, limit: int, stop: threading.Event) -> None:
+        self.limit = limit
+        self.used = 0
+        self.next = 0
+        self.stop = stop
+        self.cv = threading.Condition()
+
+    def acquire(self, ticket: int, size: int) -> bool:
+        with self.cv:
+            self.cv.wait_for(lambda: self.stop.is_set() or (
+                ticket == self.next and (self.used == 0 or self.used + size <= self.limit)))
+            if self.stop.is_set():
+                return False
+            self.used += size
+            self.next += 1
+            self.cv.notify_all()
+            return True
+
+    def release(self, size: int) -> None:
+        with self.cv:
+            self.used -= size
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        with self.cv:
+            self.cv.notify_all()
+
+
+def ordered_stream(fn: Callable[[Any], Iterable[Any]], items: list, workers: int,
+                   queue_size: int = CHUNK_QUEUE, sizes: list[int] | None = None,
+                   budget: int | None = None) -> Iterator[Any]:
+    """Concatenate ``fn(item)`` for each item, in order, running up to ``workers`` of them at once.
+
+    Each item's outputs pass through a queue of ``queue_size``: a worker runs ahead of the
+    consumer by at most that many outputs, then waits. At most ``workers + 1`` items are
+    started and not yet consumed, and with ``sizes`` and ``budget`` the items being produced
+    at once have sizes summing to at most ``budget`` (or are a single item). Memory is thus
+    bounded by the producers' own state plus ``(workers + 1) * queue_size`` outputs, however
+    long the items are.
+    """
+    stop = threading.Event()
+    gate = _Budget(budget if budget is not None else 2**62, stop)
+    sizes = sizes if sizes is not None else [0] * len(items)
+
+    def put(q: queue.Queue, x: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(ticket: int, item: Any, q: queue.Queue) -> None:
+        if not gate.acquire(ticket, sizes[ticket]):
+            return
+        try:
+            for x in fn(item):
+                if not put(q, x):
+                    return
+        except BaseException as e:  # handed to the consumer, which raises it in order
+            gate.release(sizes[ticket])
+            put(q, _Failure(e))
+            return
+        gate.release(sizes[ticket])
+        put(q, _DONE)
+
+    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read") as pool:
+        window: deque[tuple[queue.Queue, cf.Future]] = deque()
+        it = iter(enumerate(items))
+
+        def submit() -> None:
+            for ticket, item in it:
+                q: queue.Queue = queue.Queue(maxsize=queue_size)
+                window.append((q, pool.submit(run, ticket, item, q)))
+                return
+
+        try:
+            for _ in range(workers + 1):
+                submit()
+            while window:
+                q, _fut = window[0]
+                x = q.get()
+                if x is _DONE:
+                    window.popleft()
+                    submit()
+                    continue
+                if isinstance(x, _Failure):
+                    raise x.error
+                yield x
+        finally:
+            stop.set()
+            gate.wake()
+            for _q, f in window:
                 f.cancel()

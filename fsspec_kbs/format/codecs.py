@@ -66,9 +66,10 @@ def compress(codec: Codec, data: bytes | memoryview, level: int | None = None) -
     return lz4.frame.compress(data, compression_level=level, store_size=True)
 
 
-def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> bytes:
+def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> bytes | memoryview:
     """Decompress one frame, allocating at most ``expected_size`` bytes.
 
+    For ``Codec.NONE`` the frame itself is returned (a memoryview stays a view: no copy).
     Raises :class:`DecompressionError` (without location; the caller adds it) if the frame is
     invalid or holds any other amount of data than ``expected_size``.
     """
@@ -77,7 +78,7 @@ def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> b
             raise DecompressionError(
                 f"uncompressed batch is {len(frame)} bytes but its header says {expected_size}"
             )
-        return frame if isinstance(frame, bytes) else bytes(frame)
+        return frame
     if codec == Codec.ZSTD:
         return _zstd_decompress(frame, expected_size)
     return _lz4_decompress(frame, expected_size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,51 +50,128 @@ def as_uint8(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def decode_payloads(payloads: Sequence[Payload]) -> RecordColumns:
-    """Decode several batches' records into one :class:`RecordColumns`."""
-    totals = np.zeros(5, dtype=np.int64)
-    for b, p in enumerate(payloads):
+#: Arrays at least this large get their own anonymous memory map (see :func:`empty_array`).
+MMAP_MIN_BYTES = 1 << 20
+
+
+def empty_array(n: int, dtype: type | np.dtype, huge_pages: bool = False) -> np.ndarray:
+    """``np.empty(n, dtype)``; large arrays get their own anonymous memory map.
+
+    Decoded chunks are large, short-lived and freed by whoever holds the Arrow batch, often on
+    another thread. From malloc's heap they fragment it and a long scan's RSS creeps up by
+    hundreds of MB; a private mapping goes back to the OS as soon as the last view dies, and
+    pages never written (the capacity of an upper-bound allocation) are never backed at all.
+    ``huge_pages`` asks for 2 MiB pages (fewer page faults) for arrays that will be filled:
+    a huge page is backed whole as soon as one byte of it is written.
+    """
+    dt = np.dtype(dtype)
+    nbytes = n * dt.itemsize
+    if nbytes < MMAP_MIN_BYTES:
+        return np.empty(n, dt)
+    m = mmap.mmap(-1, nbytes)
+    if huge_pages and hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):  # kernels without transparent huge pages
+            m.madvise(mmap.MADV_HUGEPAGE)  # fewer page faults, as numpy does for its own
+    return np.frombuffer(m, dtype=dt, count=n)
+
+
+class ColumnsBuilder:
+    """Decodes batches one at a time into columns sized for ``records`` rows.
+
+    Each batch is scanned and copied right after it was decompressed, while it is still in
+    the CPU cache; scanning every batch of a chunk first and filling afterwards would read
+    all of them from memory twice. The data buffers are allocated at an upper bound (the
+    batches' uncompressed size): pages never written are never touched, so they cost
+    address space, not memory.
+
+    Parameters
+    ----------
+    records : int
+        Total records of the batches to come.
+    max_bytes : int
+        Total uncompressed size of the batches to come.
+    """
+
+    def __init__(self, records: int, max_bytes: int) -> None:
+        cap = max(0, int(max_bytes))
+        hcap = cap // 2  # a header takes at least 2 bytes (two varints)
+        self.capacity = cap
+        self.records = records
+        self.row = 0
+        self.hrow = 0
+        self.batches = 0
+        self._used = np.zeros(4, dtype=np.int64)  # key, value, header key, header value bytes
+        e = empty_array
+        self.cols = RecordColumns(
+            offsets=e(records, np.int64),
+            timestamps=e(records, np.int64),
+            key_offsets=e(records + 1, np.int32),
+            key_data=e(cap, np.uint8),
+            key_valid=e(records, np.bool_),
+            value_offsets=e(records + 1, np.int32),
+            value_data=e(cap, np.uint8, huge_pages=True),
+            value_valid=e(records, np.bool_),
+            header_offsets=e(records + 1, np.int32),
+            header_key_offsets=e(hcap + 1, np.int32),
+            header_key_data=e(cap, np.uint8),
+            header_value_offsets=e(hcap + 1, np.int32),
+            header_value_data=e(cap, np.uint8),
+            header_value_valid=e(hcap, np.bool_),
+        )
+        c = self.cols
+        for arr in (c.key_offsets, c.value_offsets, c.header_offsets, c.header_key_offsets,
+                    c.header_value_offsets):
+            arr[0] = 0
+
+    def add(self, p: Payload) -> None:
+        """Check and decode one batch (raises :class:`RecordDecodeError`, ``batch`` = its index)."""
+        b = self.batches
+        self.batches += 1
         code, pos, kb, vb, nh, hkb, hvb = k.scan_records(p.data, 0, len(p.data), p.count, p.base_offset)
         if code != k.OK:
             raise RecordDecodeError(b, code, pos)
-        totals += (kb, vb, nh, hkb, hvb)
-    n = sum(p.count for p in payloads)
-    kb, vb, nh, hkb, hvb = (int(x) for x in totals)
-    if max(kb, vb, hkb, hvb) >= 2**31:
-        raise ValueError("more than 2 GiB of variable-length data in one chunk; read smaller chunks")
-    cols = RecordColumns(
-        offsets=np.empty(n, np.int64),
-        timestamps=np.empty(n, np.int64),
-        key_offsets=np.empty(n + 1, np.int32),
-        key_data=np.empty(kb, np.uint8),
-        key_valid=np.empty(n, np.bool_),
-        value_offsets=np.empty(n + 1, np.int32),
-        value_data=np.empty(vb, np.uint8),
-        value_valid=np.empty(n, np.bool_),
-        header_offsets=np.empty(n + 1, np.int32),
-        header_key_offsets=np.empty(nh + 1, np.int32),
-        header_key_data=np.empty(hkb, np.uint8),
-        header_value_offsets=np.empty(nh + 1, np.int32),
-        header_value_data=np.empty(hvb, np.uint8),
-        header_value_valid=np.empty(nh, np.bool_),
-    )
-    for arr in (cols.key_offsets, cols.value_offsets, cols.header_offsets,
-                cols.header_key_offsets, cols.header_value_offsets):
-        arr[0] = 0
-    row = 0
-    hrow = 0
-    for p in payloads:
+        used = self._used + (kb, vb, hkb, hvb)
+        if self.row + p.count > self.records or int(used.max()) > self.capacity \
+                or self.hrow + nh > len(self.cols.header_value_valid):
+            # Only a caller passing sizes that do not match the payloads gets here.
+            raise ValueError("batches hold more records or bytes than the builder was sized for")
+        if int(used.max()) >= 2**31:
+            raise ValueError("more than 2 GiB of variable-length data in one chunk; read smaller chunks")
+        c = self.cols
         k.fill_records(
-            p.data, 0, p.count, p.base_offset, row, hrow,
-            cols.offsets, cols.timestamps,
-            cols.key_offsets, cols.key_data, cols.key_valid,
-            cols.value_offsets, cols.value_data, cols.value_valid,
-            cols.header_offsets, cols.header_key_offsets, cols.header_key_data,
-            cols.header_value_offsets, cols.header_value_data, cols.header_value_valid,
+            p.data, 0, p.count, p.base_offset, self.row, self.hrow,
+            c.offsets, c.timestamps,
+            c.key_offsets, c.key_data, c.key_valid,
+            c.value_offsets, c.value_data, c.value_valid,
+            c.header_offsets, c.header_key_offsets, c.header_key_data,
+            c.header_value_offsets, c.header_value_data, c.header_value_valid,
         )
-        row += p.count
-        hrow = int(cols.header_offsets[row])
-    return cols
+        self._used = used
+        self.row += p.count
+        self.hrow += nh
+
+    def finish(self) -> RecordColumns:
+        """The decoded rows (views trimmed to what was written)."""
+        c, n, h = self.cols, self.row, self.hrow
+        kb, vb, hkb, hvb = (int(x) for x in self._used)
+        return RecordColumns(
+            offsets=c.offsets[:n], timestamps=c.timestamps[:n],
+            key_offsets=c.key_offsets[: n + 1], key_data=c.key_data[:kb], key_valid=c.key_valid[:n],
+            value_offsets=c.value_offsets[: n + 1], value_data=c.value_data[:vb],
+            value_valid=c.value_valid[:n],
+            header_offsets=c.header_offsets[: n + 1],
+            header_key_offsets=c.header_key_offsets[: h + 1], header_key_data=c.header_key_data[:hkb],
+            header_value_offsets=c.header_value_offsets[: h + 1],
+            header_value_data=c.header_value_data[:hvb], header_value_valid=c.header_value_valid[:h],
+        )
+
+
+def decode_payloads(payloads: Sequence[Payload]) -> RecordColumns:
+    """Decode several batches' records into one :class:`RecordColumns`."""
+    builder = ColumnsBuilder(sum(p.count for p in payloads), sum(len(p.data) for p in payloads))
+    for p in payloads:
+        builder.add(p)
+    return builder.finish()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
+import os
 import struct
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +23,43 @@ from fsspec_kbs.errors import (
 from fsspec_kbs.format.checksums import crc32, crc64_xz
 from fsspec_kbs.format.codecs import Codec, codec_from_code, compress, decompress
 from fsspec_kbs.format.columns import RecordColumns
-from fsspec_kbs.format.records import EncodedBatch, Payload, RecordDecodeError, as_uint8, decode_payloads
+from fsspec_kbs.format.records import (
+    ColumnsBuilder,
+    EncodedBatch,
+    Payload,
+    RecordDecodeError,
+    as_uint8,
+)
+
+#: Chunks of one segment decoded at once by :meth:`SegmentReader.iter_columns` by default.
+DECODE_THREADS = max(1, min(2, os.cpu_count() or 1))
+_pool: cf.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def decode_threads(n: int) -> Iterator[None]:
+    """Within this block, on this thread, :meth:`SegmentReader.iter_columns` defaults to ``n`` threads.
+
+    For callers that reach the reader through another layer (``use_threads=False`` scans).
+    The value is read when an ``iter_columns`` generator starts.
+    """
+    old = getattr(_local, "threads", None)
+    _local.threads = n
+    try:
+        yield
+    finally:
+        _local.threads = old
+
+
+def _decode_pool() -> cf.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = cf.ThreadPoolExecutor(max_workers=max(2, DECODE_THREADS), thread_name_prefix="kbs-decode")
+        return _pool
+
 
 MAGIC = b"KBS1"
 FOOTER_MAGIC = b"KBSF"
@@ -144,13 +185,22 @@ class SegmentReader:
     path : str, optional
         Named in every error.
     verify_checksums : bool, default True
-        Check the segment CRC-64 and every batch CRC-32.
+        Check the segment CRC-64 (here, before anything is decoded) and the batch CRC-32s.
+    batch_crc : bool, optional
+        Also check every batch CRC-32 when the segment CRC-64 matched. By default they are
+        checked only when the CRC-64 does not match, to name the damaged batch: a matching
+        CRC-64 already proves every batch byte (batch headers included, so the CRC-32 fields
+        too) is what the writer wrote, and skipping the second pass halves the cost of the
+        checks. Pass True to also catch a writer that stored a wrong CRC-32 (``validate``).
     """
 
-    def __init__(self, data: bytes | memoryview, path: str | None = None, verify_checksums: bool = True):
+    def __init__(self, data: bytes | memoryview, path: str | None = None, verify_checksums: bool = True,
+                 batch_crc: bool = False):
         self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         self.path = path
         self.verify = verify_checksums
+        # CRC-32s are needed when asked for, or to diagnose a failed CRC-64 (set below).
+        self._check_batch_crc = verify_checksums and batch_crc
         self.header = SegmentHeader.parse(data, path)
         self.footer = SegmentFooter.parse(data, path)
         self.size = len(data)
@@ -158,6 +208,7 @@ class SegmentReader:
         if verify_checksums:
             actual = crc64_xz(memoryview(data)[HEADER_SIZE : self.size - FOOTER_SIZE])
             if actual != self.header.checksum:
+                self._check_batch_crc = True
                 self._diagnose()
                 raise ChecksumError(
                     f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}",
@@ -239,7 +290,7 @@ class SegmentReader:
     def payload(self, info: BatchInfo) -> Payload:
         """Check the CRC-32 and decompress one batch."""
         frame = memoryview(self.data)[info.data_position : info.end]
-        if self.verify:
+        if self._check_batch_crc:
             actual = crc32(frame)
             if actual != info.crc:
                 raise ChecksumError(
@@ -252,24 +303,54 @@ class SegmentReader:
             raise e.located(self.path or "<segment>", info.position) from e
         return Payload(as_uint8(raw), info.base_offset, info.record_count)
 
-    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
-        """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``."""
-        group: list[BatchInfo] = []
-        size = 0
-        prev_last = -1
+    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024,
+                     threads: int | None = None) -> Iterator[RecordColumns]:
+        """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``.
+
+        With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to that many chunks are
+        decoded ahead on a shared pool: decompression and the record kernels release the GIL,
+        so one large segment uses every core while only it (compressed) and a few chunks are
+        in memory. Chunks are still yielded, checked and failed in order.
+        """
         batches = self.batches()
+        groups: list[list[BatchInfo]] = [[]]
+        size = 0
         for info in batches:
-            group.append(info)
-            size += info.uncompressed_size
             if size >= max_chunk_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(info)
+            size += info.uncompressed_size
+        if not groups[-1]:
+            groups.pop()
+        if threads is None:
+            threads = getattr(_local, "threads", None) or DECODE_THREADS
+        prev_last = -1
+        if threads <= 1 or len(groups) < 2:
+            for group in groups:
                 cols = self._decode(group)
                 prev_last = self._check_order(group, cols, prev_last)
                 yield cols
-                group, size = [], 0
-        if group:
-            cols = self._decode(group)
-            prev_last = self._check_order(group, cols, prev_last)
-            yield cols
+        else:
+            pool = _decode_pool()
+            pending: deque[tuple[list[BatchInfo], cf.Future]] = deque()
+            it = iter(groups)
+            try:
+                for group in it:
+                    pending.append((group, pool.submit(self._decode, group)))
+                    if len(pending) >= threads:
+                        break
+                while pending:
+                    group, fut = pending.popleft()
+                    cols = fut.result()
+                    for nxt in it:
+                        pending.append((nxt, pool.submit(self._decode, nxt)))
+                        break
+                    prev_last = self._check_order(group, cols, prev_last)
+                    yield cols
+            finally:
+                for _g, f in pending:
+                    f.cancel()
         last = prev_last if batches else 0
         if last != self.footer.last_offset:
             raise SegmentMismatchError(
@@ -283,9 +364,13 @@ class SegmentReader:
         return chunks[0] if chunks else None
 
     def _decode(self, group: Sequence[BatchInfo]) -> RecordColumns:
-        payloads = [self.payload(info) for info in group]
+        # Decompress and decode batch by batch so each one is decoded while still in cache
+        # and only one decompressed batch is alive at a time.
+        builder = ColumnsBuilder(sum(i.record_count for i in group), sum(i.uncompressed_size for i in group))
         try:
-            return decode_payloads(payloads)
+            for info in group:
+                builder.add(self.payload(info))
+            return builder.finish()
         except RecordDecodeError as e:
             info = group[e.batch]
             if self.codec == Codec.NONE:

@@ -1,0 +1,177 @@
+"""Read benchmark: decode segments -> Arrow vs. raw decompression of the same segments.
+
+Run ``python -m benchmarks.read`` (``--quick`` for a smaller run). For each codec it prints
+
+* the reference: the codec's own decompression of every batch frame of the segments
+  (``none``: reading the segment files), single-threaded, in uncompressed MB/s;
+* our decode of the same segments into Arrow record batches (CRC-64 + CRC-32 checks on,
+  decompression, record decoding, Arrow construction) single-threaded, and its ratio;
+* the same with checks off, giving the cost of the checks;
+* the whole dataset scan (``KbsDataset.to_batches``) with one thread and with the thread
+  pool, giving the multi-core speed-up;
+
+then a sweep over record sizes (zstd) for the plot. Results go to ``benchmarks/results/read.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lz4.frame
+import zstandard
+
+from benchmarks.common import MB, best_time, columns_for_bytes, report, save
+from fsspec_kbs.arrow.convert import columns_to_batch
+from fsspec_kbs.dataset import CHUNK_BYTES, KbsDataset
+from fsspec_kbs.format.segment import SegmentReader
+from fsspec_kbs.store import BackupWriter
+
+TARGET_DECODE = 0.80
+TARGET_CRC_COST = 0.05
+TARGET_SPEEDUP = 1.7
+
+
+def write_backup(root: Path, codec: str, data_bytes: int, segments: int, value_min: int = 50,
+                 value_max: int = 2048) -> tuple[Path, list[Path]]:
+    """A backup of ``segments`` segments (4 partitions) holding ``data_bytes`` of records."""
+    url = root / f"bench-{codec}-{value_min}-{value_max}"
+    cols = columns_for_bytes(data_bytes, value_min, value_max)
+    per_part = max(1, segments // 4)
+    with BackupWriter(str(url), compression=codec, segment_max_bytes=1 << 40,
+                      segment_max_records=max(1, len(cols) // (4 * per_part))) as w:
+        n = len(cols)
+        for p in range(4):
+            part = cols.slice(p * n // 4, (p + 1) * n // 4)
+            w.write_columns("bench", p, part)
+    return url, sorted(url.rglob("*.kbs"))
+
+
+def frames_of(files: list[Path]) -> tuple[list[bytes], list[memoryview], int]:
+    """Segment bytes, each batch's frame and the total uncompressed size."""
+    datas, frames, total = [], [], 0
+    for f in files:
+        data = f.read_bytes()
+        datas.append(data)
+        for info in SegmentReader(data, str(f)).batches():
+            frames.append(memoryview(data)[info.data_position : info.end])
+            total += info.uncompressed_size
+    return datas, frames, total
+
+
+def reference(codec: str, files: list[Path], frames: list[memoryview]) -> None:
+    if codec == "zstd":
+        d = zstandard.ZstdDecompressor()
+        for fr in frames:
+            d.decompress(fr)
+    elif codec == "lz4":
+        for fr in frames:
+            lz4.frame.decompress(fr)
+    else:
+        for f in files:
+            with open(f, "rb") as fh:
+                fh.read()
+
+
+def decode(codec: str, files: list[Path], datas: list[bytes], verify: bool) -> int:
+    rows = 0
+    for f, data in zip(files, datas, strict=True):
+        if codec == "none":  # compared with reading the files, so read them here too
+            with open(f, "rb") as fh:
+                data = fh.read()
+        for cols in SegmentReader(data, str(f), verify).iter_columns(CHUNK_BYTES):
+            rows += columns_to_batch(cols, "bench", 0).num_rows
+    return rows
+
+
+def scan(url: Path, threads: bool) -> int:
+    return sum(b.num_rows for b in KbsDataset.open(str(url)).to_batches(use_threads=threads))
+
+
+def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: int) -> list[dict[str, Any]]:
+    url, files = write_backup(root, codec, data_bytes, segments)
+    datas, frames, total = frames_of(files)
+    comp = sum(len(d) for d in datas)
+    print(f"\n[{codec}] {len(files)} segments, {total / MB:.1f} MB of record data, "
+          f"{comp / MB:.1f} MB on disk, {len(frames)} batches")
+    ref_name = "read segment files" if codec == "none" else f"raw {codec} decompression"
+    t_ref = best_time(lambda: reference(codec, files, frames), repeat)
+    t_on = best_time(lambda: decode(codec, files, datas, True), repeat)
+    t_off = best_time(lambda: decode(codec, files, datas, False), repeat)
+    t_st = best_time(lambda: scan(url, False), repeat, cpu=False)
+    t_st_cpu = best_time(lambda: scan(url, False), repeat)
+    t_mt = best_time(lambda: scan(url, True), repeat, cpu=False)
+    ref = total / t_ref / MB
+    rows = [
+        report(f"{codec}: reference ({ref_name}, 1 thread)", ref),
+        report(f"{codec}: decode -> Arrow, CRC on, 1 thread", total / t_on / MB, ref=ref, target=TARGET_DECODE),
+        report(f"{codec}: decode -> Arrow, CRC off, 1 thread", total / t_off / MB, ref=ref),
+    ]
+    crc_cost = t_on / t_off - 1
+    rows.append({"name": f"{codec}: CRC cost (time with / without - 1)", "value": round(crc_cost, 4),
+                 "unit": "fraction", "target": TARGET_CRC_COST, "meets_target": crc_cost <= TARGET_CRC_COST})
+    print(f"{codec + ': CRC cost':<58} {crc_cost * 100:10.1f} %   (target <= {TARGET_CRC_COST * 100:.0f} %: "
+          f"{'ok' if crc_cost <= TARGET_CRC_COST else 'MISSED'})")
+    rows.append(report(f"{codec}: dataset scan, 1 thread (CPU time)", total / t_st_cpu / MB, ref=ref))
+    rows.append(report(f"{codec}: dataset scan, 1 thread (wall time)", total / t_st / MB, ref=ref))
+    rows.append(report(f"{codec}: dataset scan, thread pool", total / t_mt / MB, ref=ref, target=TARGET_DECODE))
+    rows.append(report(f"{codec}: thread pool speed-up over 1 thread", t_st / t_mt, unit="x"))
+    rows[-1]["target"] = TARGET_SPEEDUP
+    rows[-1]["meets_target"] = t_st / t_mt >= TARGET_SPEEDUP
+    for r in rows:
+        r["codec"] = codec
+    return rows
+
+
+def sweep(root: Path, data_bytes: int, repeat: int) -> list[dict[str, Any]]:
+    """zstd decode and raw decompression throughput vs. mean value size."""
+    print("\n[record-size sweep, zstd]")
+    out = []
+    for lo, hi in ((16, 48), (50, 200), (200, 800), (50, 2048), (1024, 4096), (4096, 16384)):
+        url, files = write_backup(root, "zstd", data_bytes, 2, lo, hi)
+        datas, frames, total = frames_of(files)
+        nrec = sum(SegmentReader(d).header.record_count for d in datas)
+        t_ref = best_time(partial(reference, "zstd", files, frames), repeat)
+        t_on = best_time(partial(decode, "zstd", files, datas, True), repeat)
+        t_mt = best_time(partial(scan, url, True), repeat, cpu=False)
+        row = {"value_bytes": [lo, hi], "mean_record_bytes": round(total / nrec, 1),
+               "zstd_MBps": round(total / t_ref / MB, 1), "decode_MBps": round(total / t_on / MB, 1),
+               "scan_threads_MBps": round(total / t_mt / MB, 1)}
+        print(f"values {lo:>5}-{hi:<5} B (record ~{row['mean_record_bytes']:>7} B): zstd {row['zstd_MBps']:7.1f}"
+              f"  decode {row['decode_MBps']:7.1f} ({row['decode_MBps'] / row['zstd_MBps']:.2f})"
+              f"  scan(threads) {row['scan_threads_MBps']:7.1f} MB/s")
+        out.append(row)
+        shutil.rmtree(url)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller data, fewer repeats")
+    ap.add_argument("--mb", type=int, default=None, help="MB of record data per codec")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args(argv)
+    data_bytes = int((args.mb or (48 if args.quick else 192)) * MB)
+    repeat = 2 if args.quick else 4
+    t0 = time.time()
+    rows: list[dict[str, Any]] = []
+    sweep_rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kbs-bench-") as tmp:
+        root = Path(tmp)
+        for codec in ("zstd", "lz4", "none"):
+            rows += bench_codec(root, codec, data_bytes, 8, repeat)
+        if not args.no_sweep:
+            sweep_rows = sweep(root, data_bytes // 3, repeat)
+    payload = {"data_bytes_per_codec": data_bytes, "repeat": repeat, "results": rows, "sweep": sweep_rows,
+               "seconds": round(time.time() - t0, 1)}
+    save("read", payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
