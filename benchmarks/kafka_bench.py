@@ -20,6 +20,7 @@ Prints the figures and ratios and writes them to ``benchmarks/results/kafka_benc
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -124,6 +125,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="kbs-kafka-bench-"))
     env = None
+    admin = None
     try:
         if os.environ.get("KBS_KAFKA_BOOTSTRAP"):
             bootstrap = os.environ["KBS_KAFKA_BOOTSTRAP"]
@@ -162,7 +164,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 res = run_backup(conf, [src], str(tmp / "backups" / f"b-{codec}-{rep}"), compression=codec,
                                  consumer_groups=False)
-                assert res.records == n
+                assert res.records == n, (codec, rep, res.records, res.partitions, res.seconds)
                 keep(f"backup_{codec}", time.perf_counter() - t0)
             dst = f"bench-raw-{uuid.uuid4().hex[:8]}"
             create(admin, dst, parts)
@@ -193,6 +195,8 @@ def main() -> None:
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {out}")
     finally:
+        admin = None  # drop librdkafka clients before their broker goes away (no reconnect noise)
+        gc.collect()
         if env is not None:
             subprocess.run(["bash", str(REPO / "scripts" / "kafka.sh"), "stop"], env=env, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)

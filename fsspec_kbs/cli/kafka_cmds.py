@@ -212,6 +212,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
     out.print(table)
     if res.created_topics:
         out.print(("would create" if dry_run else "created") + " topics: " + ", ".join(res.created_topics))
+    if restore_consumer_offsets and not dry_run and not res.group_offsets:
+        out.print("no consumer-group offsets to restore (the backup's snapshot has none for these partitions)")
     for gid, offs in res.group_offsets.items():
         out.print(f"consumer group {gid}: " + ", ".join(f"{t}/{p}={o}" for (t, p), o in sorted(offs.items())))
     if not dry_run:

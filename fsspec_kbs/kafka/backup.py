@@ -52,6 +52,15 @@ PLAN_KEY = "kbs_backup_plan"
 ProgressFn = Callable[[int, int], None]
 
 _CHUNK_RECORDS = 5000
+#: Consumer errors no retry can fix (others are retried by librdkafka; see the stall timeout).
+_FATAL_NAMES = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+                "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION", "_SSL", "UNSUPPORTED_VERSION")
+
+
+def _fatal_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset(getattr(KafkaError, n) for n in _FATAL_NAMES if hasattr(KafkaError, n))
 _CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -185,6 +194,8 @@ def _drop_uncovered(fs: Any, path: str, ck: Checkpoint) -> int:
         if not keep:
             fs.rm_file(f)
             dropped += 1
+    # Object-store filesystems cache listings; the writer lists the segments right after this.
+    fs.invalidate_cache(root)
     return dropped
 
 
@@ -232,6 +243,8 @@ def run_backup(
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
     from confluent_kafka.admin import AdminClient
+
+    _FATAL_CODES = _fatal_codes()  # noqa: N806
 
     t0 = time.monotonic()
     fs, path = url_to_fs(url, **(storage_options or {}))
@@ -377,12 +390,22 @@ def run_backup(
         try:
             if active:
                 consumer.assign([TopicPartition(t, p, positions[(t, p)]) for (t, p) in sorted(active)])
-            last_flush = time.monotonic()
+            last_flush = last_progress = time.monotonic()
+            last_error = None
+            # librdkafka retries retriable errors (leader moves, a broker down) by itself; give up
+            # only when nothing at all arrives for this long, so --resume can take over later.
+            stall_timeout = max(4 * timeout, 60.0)
             while active:
                 # consume() waits for num_messages or the timeout: ask for no more than can still
                 # come (plus one EOF event per partition) so the tail does not wait out the timeout.
                 want = sum(end - positions[k] for k, end in active.items()) + len(active)
                 msgs = consumer.consume(num_messages=max(1, min(chunk_records, want)), timeout=0.5)
+                now = time.monotonic()
+                if any(m.error() is None or m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
+                    last_progress = now
+                elif now - last_progress > stall_timeout:
+                    raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(active)} partition(s) "
+                                   f"unfinished (last error: {last_error}); continue later with --resume")
                 for m in msgs:
                     key = (m.topic(), m.partition())
                     err = m.error()
@@ -391,8 +414,9 @@ def run_backup(
                             if key in active and m.offset() >= cut[key][1]:
                                 finish(key)
                             continue
-                        if err.fatal() or not err.retriable():
+                        if err.fatal() or err.code() in _FATAL_CODES:
                             raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
+                        last_error = err.str()
                         continue
                     end = active.get(key)
                     if end is None:

@@ -129,6 +129,11 @@ def run_restore(
     t0 = time.monotonic()
     mapping = dict(mapping or {})
     ds = KbsDataset.open(backup_url, storage_options)
+    in_backup = set(ds.backup.topics())
+    unknown = sorted({*(topics or []), *mapping} - in_backup)
+    if unknown:
+        raise KbsError(f"topic(s) {', '.join(unknown)} are not in the backup {backup_url} "
+                       f"(it holds {', '.join(sorted(in_backup)) or 'no topics'})")
     ds = ds.filter(topics=topics, partitions=partitions, start_time=to_millis(from_time),
                    end_time=to_millis(to_time), topic_pattern=topic_pattern)
     if offset_ranges:

@@ -274,6 +274,10 @@ def test_errors_are_clear(kafka_broker, conf, tmp_path):
     create_topic(conf, small, 1)
     with pytest.raises(KbsError, match="partitions"):
         run_restore(url, conf, mapping={src: small})
+    with pytest.raises(KbsError, match="not in the backup"):
+        run_restore(url, conf, topics=["nope"], dry_run=True)
+    r = CliRunner().invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--offset-range", "bad"])
+    assert r.exit_code != 0 and "TOPIC:PARTITION:START:END" in r.output
 
 
 def test_restore_oso_native_backup(kafka_broker, conf, conformance):
