@@ -203,6 +203,26 @@ def test_encoder_agrees_with_py_func() -> None:
         assert a.tobytes() == c.tobytes()
 
 
+_ENCODE_SCRIPT = r"""
+import sys
+import numpy as np
+from fsspec_kbs.format import kernels
+assert not kernels.JIT_ENABLED
+from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.records import encode_batches
+z = np.load(sys.argv[1])
+cols = RecordColumns(**{f: z[f] for f in z.files})
+sys.stdout.write("|".join(b.data.tobytes().hex() for b in encode_batches(cols, 3000, 50)))
+"""
+
+
+def test_encoder_agrees_with_uncompiled_subprocess(tmp_path: Path) -> None:
+    cols = _records(np.random.default_rng(9), 300)
+    np.savez(tmp_path / "cols.npz", **{f: getattr(cols, f) for f in FIELDS})
+    reference = _run_no_jit(_ENCODE_SCRIPT, str(tmp_path / "cols.npz"))
+    assert reference == "|".join(b.data.tobytes().hex() for b in encode_batches(cols, 3000, 50))
+
+
 _CONFORMANCE_SCRIPT = r"""
 import json, sys
 import fsspec_kbs

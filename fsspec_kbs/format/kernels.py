@@ -81,6 +81,10 @@ _LOW57 = 0x01FFFFFFFFFFFFFF
 @kernel
 def read_varint(buf, pos, end):  # type: ignore[no-untyped-def]
     """Kafka zigzag varint at ``pos``; returns (value, next pos) or (0, -1) if malformed."""
+    if pos < end:
+        b = int(buf[pos])
+        if b < 0x80:  # one byte: most deltas, counts and short lengths
+            return (b >> 1) ^ -(b & 1), pos + 1
     result = 0
     shift = 0
     for i in range(10):
@@ -99,6 +103,7 @@ def read_varint(buf, pos, end):  # type: ignore[no-untyped-def]
 
 @kernel
 def varint_size(v):  # type: ignore[no-untyped-def]
+    v = int(v)  # int64 compiled; interpreted, keeps numpy int32 lengths from overflowing
     zz = (v << 1) ^ (v >> 63)
     n = 1
     while (zz & ~0x7F) != 0:
@@ -109,6 +114,7 @@ def varint_size(v):  # type: ignore[no-untyped-def]
 
 @kernel
 def write_varint(out, pos, v):  # type: ignore[no-untyped-def]
+    v = int(v)
     zz = (v << 1) ^ (v >> 63)
     while (zz & ~0x7F) != 0:
         out[pos] = (zz & 0x7F) | 0x80
