@@ -143,12 +143,12 @@ class KbsWriter(DataSourceArrowWriter):
                     records += len(cols)
             staged.flush()
         except BaseException:
-            staged.abort()
+            self._discard(staged)
             raise
         if self._aborted():
             # The job was aborted while this task ran (another task failed): the driver's abort
             # may have run before these files existed, so this task removes its own.
-            staged.abort()
+            self._discard(staged)
             raise KbsError(f"write to {o.path} was aborted while task {task_index} ran")
         segments = [
             {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats)}
@@ -225,6 +225,13 @@ class KbsWriter(DataSourceArrowWriter):
             else:
                 adopter.rewrite_segment(topic, partition, seg["path"], shift)  # type: ignore[arg-type]
             next_offset = seg["last_offset"] + shift + 1  # type: ignore[operator]
+
+    @staticmethod
+    def _discard(staged: BackupWriter) -> None:
+        """Remove a task's staged segments and its (local filesystems: now empty) directory."""
+        staged.abort()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            staged.fs.rm(staged.path, recursive=True)
 
     @property
     def _marker_url(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,11 @@ def test_failing_task_leaves_no_manifest(spark, tmp_path: Path) -> None:  # type
         df.write.format("kbs").mode("overwrite").save(url)
     _check_valid(url)
     assert df_rows(spark.read.format("kbs").load(url)) == _expected(_rows(30))
+    # A task still running when the job aborted cleans up after itself when it notices the
+    # marker, which may be a moment after the driver gave up: wait for it, boundedly.
+    deadline = time.monotonic() + 60
+    while list((tmp_path / "backup-1").rglob("_staging/*/*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not list((tmp_path / "backup-1").rglob("_staging/*/*"))  # at most abort markers remain
     # The next successful write clears the markers.
     spark.createDataFrame(_rows(30), SCHEMA).write.format("kbs").mode("overwrite").save(url)
