@@ -187,11 +187,13 @@ EOF
     # Ready = a metadata request through a real client succeeds (the log line alone does not
     # guarantee the broker listener is registered with the controller yet).
     local deadline=$((SECONDS + ${KBS_KAFKA_START_TIMEOUT:-90}))
-    until "$PY" - "127.0.0.1:$port" <<'EOF' 2>/dev/null; do
+    # The cluster id must be ours: if someone else grabbed the port first, our broker dies on
+    # bind while the probe would happily talk to theirs.
+    until "$PY" - "127.0.0.1:$port" "$cluster_id" <<'EOF' 2>/dev/null; do
 import sys
 from confluent_kafka.admin import AdminClient
 md = AdminClient({"bootstrap.servers": sys.argv[1], "socket.timeout.ms": 2000}).list_topics(timeout=2)
-sys.exit(0 if md.brokers else 1)
+sys.exit(0 if md.brokers and md.cluster_id == sys.argv[2] else 1)
 EOF
         if ! kill -0 "$pid" 2>/dev/null; then
             log "broker exited during startup; last log lines:"
