@@ -29,8 +29,6 @@ CLASSPATH_FILE="$CACHE/classpath.txt"
 
 if [[ -n "${KBS_PYTHON:-}" ]]; then
     PY="$KBS_PYTHON"
-elif [[ -x "$REPO/../venv/bin/python" ]]; then
-    PY="$REPO/../venv/bin/python"
 elif [[ -x "$REPO/.venv/bin/python" ]]; then
     PY="$REPO/.venv/bin/python"
 else

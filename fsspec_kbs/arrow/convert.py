@@ -116,7 +116,7 @@ def _headers_parts(arr: pa.Array | None, n: int) -> tuple[np.ndarray, ...]:
     names = [struct.type.field(i).name for i in range(struct.type.num_fields)]
     if "key" not in names or "value" not in names:
         raise TypeError("headers structs need fields 'key' and 'value'")
-    fields = dict(zip(names, struct.flatten()))
+    fields = dict(zip(names, struct.flatten(), strict=True))
     keys = fields["key"]
     if keys.null_count:
         raise ValueError("a header key is null; Kafka header keys are non-null strings")

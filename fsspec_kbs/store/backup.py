@@ -301,8 +301,10 @@ class KbsBackup:
         check_size(ref, len(data))
         return data
 
-    def open_segment(self, ref: SegmentRef, verify_checksums: bool = True) -> SegmentReader:
-        reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums)
+    def open_segment(self, ref: SegmentRef, verify_checksums: bool = True,
+                     batch_crc: bool = False) -> SegmentReader:
+        """Read and check a segment; ``batch_crc`` also checks every batch CRC-32 (deep validation)."""
+        reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums, batch_crc=batch_crc)
         if ref.crc64 is not None and reader.header.checksum != ref.crc64:
             raise SegmentMismatchError(
                 f"header CRC-64 {reader.header.checksum} differs from the manifest's {ref.crc64} "
@@ -310,9 +312,9 @@ class KbsBackup:
         return reader
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
+                     max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False) -> Iterator[RecordColumns]:
         """Decode one segment in chunks, cross-checked against what the manifest says of it."""
-        reader = self.open_segment(ref, verify_checksums)
+        reader = self.open_segment(ref, verify_checksums, batch_crc=batch_crc)
         count = 0
         first = last = None
         for cols in reader.iter_columns(max_chunk_bytes):

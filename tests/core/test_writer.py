@@ -144,3 +144,26 @@ def test_large_offsets(tmp_path: Path) -> None:
     w.write_columns("t", 0, cols([big, big + 2**40]))
     w.commit()
     assert fsspec_kbs.read_table(str(tmp_path / "b")).column("offset").to_pylist() == [big, big + 2**40]
+
+
+def test_deep_validate_checks_batch_crc_under_a_valid_crc64(tmp_path: Path) -> None:
+    import struct
+
+    from fsspec_kbs.format.checksums import crc64_xz
+    from fsspec_kbs.validate import validate_backup
+
+    url = tmp_path / "b"
+    fsspec_kbs.write_table(str(url), pa.table({"value": [b"a" * 50, b"b" * 50]}), topic="t")
+    seg = url / "topics/t/0/segment-00000000.kbs"
+    buf = bytearray(seg.read_bytes())
+    struct.pack_into("<I", buf, 32 + 20, 0xDEADBEEF)  # wrong CRC-32 of batch 0 ...
+    crc = crc64_xz(bytes(buf[32:-16]))
+    struct.pack_into("<Q", buf, 24, crc)  # ... under a CRC-64 that matches
+    seg.write_bytes(bytes(buf))
+    doc = json.loads((url / "manifest.json").read_text())
+    doc["topics"][0]["partitions"][0]["segment_index"][0]["crc64"] = crc
+    (url / "manifest.json").write_text(json.dumps(doc))
+    assert validate_backup(str(url)).ok  # quick: sizes, headers and footers agree
+    report = validate_backup(str(url), deep=True)
+    assert [d.error for d in report.defects] == ["ChecksumError"]
+    assert "CRC-32" in report.defects[0].message and "at byte 52" in report.defects[0].message
