@@ -24,7 +24,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
 from fsspec_kbs.errors import CommitConflictError, KbsError, OffsetOrderError
@@ -37,6 +36,7 @@ from fsspec_kbs.format.oso import (
     segment_file_name,
 )
 from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import put_atomic, put_file
 from fsspec_kbs.store.names import (
     MANIFEST,
@@ -114,12 +114,7 @@ class OsoBackupWriter:
                  fs: fsspec.AbstractFileSystem | None = None) -> None:
         if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
             raise ValueError("segment_max_bytes and segment_max_records must be positive")
-        if fs is None:
-            fs, path = url_to_fs(url, **(storage_options or {}))
-        else:
-            path = url
-        self.fs = fs
-        self.path = path.rstrip("/")
+        self.fs, self.path = resolve(url, storage_options, fs)
         self.url = url
         self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
         self.codec = oso_codec_from_name(compression)

@@ -262,14 +262,6 @@ class OsoBackup(KbsBackup):
         return out
 
     # -- reading ---------------------------------------------------------------------------------
-    def read_segment_bytes(self, ref: SegmentRef) -> bytes:
-        try:
-            data = self.fs.cat_file(ref.path)
-        except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
-        check_size(ref, len(data))
-        return data
-
     def max_uncompressed(self, ref: SegmentRef) -> int:
         """Bound on a segment's decompressed size: the manifest's ``uncompressed_size`` or a cap."""
         if not self._limits and self.manifest is not None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import fsspec
 import numpy as np
-from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import CommitConflictError, KbsError, OffsetOrderError
 from fsspec_kbs.format import (
@@ -22,7 +21,7 @@ from fsspec_kbs.format import (
     encode_batches,
 )
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
-from fsspec_kbs.store.backup import KbsBackup
+from fsspec_kbs.store.backup import KbsBackup, resolve
 from fsspec_kbs.store.commit import put_atomic, put_file
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
@@ -124,12 +123,7 @@ class BackupWriter:
             raise ValueError(f"batch_max_bytes must be in 1 … {MAX_BATCH_UNCOMPRESSED}")
         if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
             raise ValueError("segment_max_bytes and segment_max_records must be positive")
-        if fs is None:
-            fs, path = url_to_fs(url, **(storage_options or {}))
-        else:
-            path = url
-        self.fs = fs
-        self.path = path.rstrip("/")
+        self.fs, self.path = resolve(url, storage_options, fs)
         self.url = url
         self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
         self.codec = codec_from_name(compression)
