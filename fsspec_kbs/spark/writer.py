@@ -261,6 +261,10 @@ class KbsWriter(DataSourceArrowWriter):
         try:
             for entry in fs.ls(root, detail=False):
                 if entry.endswith(".aborted"):
+                    # A task Spark killed mid-write never ran its own clean-up: drop what an
+                    # aborted job left, then its marker.
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.rm(entry[: -len(".aborted")], recursive=True)
                     fs.rm_file(entry)
             if not fs.ls(root, detail=False):
                 fs.rm(root, recursive=True)
