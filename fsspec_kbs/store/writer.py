@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,9 @@ import numpy as np
 from fsspec_kbs.errors import CommitConflictError, KbsError, OffsetOrderError
 from fsspec_kbs.format import (
     MAX_BATCH_UNCOMPRESSED,
+    Codec,
     CompressedBatch,
+    EncodedBatch,
     RecordColumns,
     SegmentStats,
     assemble_segment,
@@ -40,6 +44,16 @@ from fsspec_kbs.store.names import (
     partition_dir,
     segment_name,
 )
+
+_POOLS: dict[int, cf.ThreadPoolExecutor] = {}
+
+
+def _compress_pool(workers: int) -> cf.ThreadPoolExecutor:
+    """One shared pool per size: writers come and go, threads stay."""
+    if workers not in _POOLS:
+        _POOLS[workers] = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-compress")
+    return _POOLS[workers]
+
 
 MODES = ("error", "overwrite", "append", "resume")
 
@@ -95,6 +109,8 @@ class BackupWriter:
     buffer_max_bytes : int, default 256 MiB
         Bound on compressed data held for unfinished segments across all partitions;
         beyond it the largest pending segment is written early.
+    compress_threads : int, optional
+        Threads compressing the batches of one write (default: the cores, at most 4).
     on_segment : callable, optional
         Called with each :class:`WrittenSegment` once it is durable (checkpointing hook).
 
@@ -116,6 +132,7 @@ class BackupWriter:
         source_cluster: dict | None = None,
         on_segment: Callable[[WrittenSegment], None] | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
+        compress_threads: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -132,6 +149,7 @@ class BackupWriter:
         self.segment_max_records = segment_max_records
         self.batch_max_bytes = batch_max_bytes
         self.buffer_max_bytes = buffer_max_bytes
+        self.compress_threads = min(4, os.cpu_count() or 1) if compress_threads is None else compress_threads
         self.source_cluster = source_cluster
         self.on_segment = on_segment
         self.mode = mode
@@ -224,9 +242,7 @@ class BackupWriter:
             stop = n
             if self.segment_max_records is not None:
                 stop = min(n, start + self.segment_max_records - part.pending_records)
-            batch_cap = self.batch_max_bytes
-            for batch in encode_batches(cols.slice(start, stop), batch_cap):
-                cb = compress_batch(batch, self.codec, self.level)
+            for cb in self._compress(encode_batches(cols.slice(start, stop), self.batch_max_bytes)):
                 part.pending.append(cb)
                 part.pending_bytes += cb.size
                 part.pending_records += cb.count
@@ -241,6 +257,13 @@ class BackupWriter:
         while self._pending_total > self.buffer_max_bytes:
             key = max(self._parts, key=lambda k: self._parts[k].pending_bytes)
             self._flush_partition(*key)
+
+    def _compress(self, batches: list[EncodedBatch]) -> Iterator[CompressedBatch]:
+        """Compress batches in order; on a thread pool when there are several (codecs free the GIL)."""
+        if self.compress_threads <= 1 or len(batches) < 2 or self.codec == Codec.NONE:
+            return (compress_batch(b, self.codec, self.level) for b in batches)
+        return _compress_pool(self.compress_threads).map(
+            lambda b: compress_batch(b, self.codec, self.level), batches)
 
     def flush(self) -> None:
         """Write every pending segment now (e.g. before a checkpoint)."""
