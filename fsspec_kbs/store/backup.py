@@ -13,6 +13,7 @@ from fsspec_kbs.errors import (
     BackupNotFoundError,
     IncompleteBackupError,
     InvalidNameError,
+    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
@@ -35,6 +36,7 @@ from fsspec_kbs.store.names import (
     partition_dir,
     segment_name,
 )
+from fsspec_kbs.store.stream import STREAM_BLOCK_SIZE, STREAM_MIN_BYTES, SegmentStream
 
 
 @dataclass(frozen=True)
@@ -305,19 +307,65 @@ class KbsBackup:
                      batch_crc: bool = False) -> SegmentReader:
         """Read and check a segment; ``batch_crc`` also checks every batch CRC-32 (deep validation)."""
         reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums, batch_crc=batch_crc)
-        if ref.crc64 is not None and reader.header.checksum != ref.crc64:
-            raise SegmentMismatchError(
-                f"header CRC-64 {reader.header.checksum} differs from the manifest's {ref.crc64} "
-                "(the segment was replaced after the manifest was written)", ref.path, 24)
+        self._check_crc64(ref, reader.header.checksum)
         return reader
+
+    #: Segments at least this large are streamed (:class:`~fsspec_kbs.store.stream.SegmentStream`)
+    #: instead of read whole; set on an instance (or the class) to change it.
+    stream_min_bytes: int = STREAM_MIN_BYTES
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
                      max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False) -> Iterator[RecordColumns]:
-        """Decode one segment in chunks, cross-checked against what the manifest says of it."""
-        reader = self.open_segment(ref, verify_checksums, batch_crc=batch_crc)
+        """Decode one segment in chunks, cross-checked against what the manifest says of it.
+
+        Segments of at least :attr:`stream_min_bytes` are streamed: only the chunk being
+        decoded is in memory, every batch CRC-32 is checked before its batch is decoded and
+        the CRC-64 at the end (after the batches before it were yielded). Any format error
+        of a streamed segment is re-diagnosed with the whole-segment reader, so both paths
+        raise the same error (class, file and offset).
+        """
+        size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
+        if size < self.stream_min_bytes:
+            yield from self._cross_checked(ref, self.open_segment(ref, verify_checksums, batch_crc=batch_crc)
+                                           .iter_columns(max_chunk_bytes))
+            return
+        try:
+            try:
+                f = self.fs.open(ref.path, "rb", block_size=STREAM_BLOCK_SIZE, cache_type="readahead")
+            except FileNotFoundError as e:
+                raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            with f:
+                # Buffered fsspec files know their size from opening them: no second request.
+                actual = getattr(f, "size", None)
+                size = int(actual) if actual is not None else self._segment_size(ref)
+                check_size(ref, size)
+                stream = SegmentStream(f, size, ref.path, verify_checksums)
+                self._check_crc64(ref, stream.header.checksum)
+                yield from self._cross_checked(ref, stream.iter_columns(max_chunk_bytes))
+        except SegmentFormatError as err:
+            # Rare path: read the segment whole so the error is exactly the one of small segments
+            # (SegmentReader checks the CRC-64 first and names the most specific defect).
+            for _ in self._cross_checked(ref, self.open_segment(ref, verify_checksums, batch_crc=True)
+                                         .iter_columns(max_chunk_bytes)):
+                pass
+            raise err from None  # the whole-segment reader found nothing: e.g. a stored CRC-32 is wrong
+
+    def _segment_size(self, ref: SegmentRef) -> int:
+        try:
+            return int(self.fs.size(ref.path))
+        except FileNotFoundError as e:
+            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+
+    def _check_crc64(self, ref: SegmentRef, header_crc: int) -> None:
+        if ref.crc64 is not None and header_crc != ref.crc64:
+            raise SegmentMismatchError(
+                f"header CRC-64 {header_crc} differs from the manifest's {ref.crc64} "
+                "(the segment was replaced after the manifest was written)", ref.path, 24)
+
+    def _cross_checked(self, ref: SegmentRef, chunks: Iterator[RecordColumns]) -> Iterator[RecordColumns]:
         count = 0
         first = last = None
-        for cols in reader.iter_columns(max_chunk_bytes):
+        for cols in chunks:
             if first is None and len(cols):
                 first = int(cols.offsets[0])
             if len(cols):
