@@ -160,6 +160,39 @@ class BatchInfo:
         return self.data_position + self.compressed_size
 
 
+def read_batch_header(data: bytes | memoryview, pos: int, index: int, prev_base: int, end: int,
+                      codec: Codec, path: str | None, data_start: int = 0) -> BatchInfo:
+    """Parse and check the batch header at file offset ``pos`` (kbs-format.md §2.2, §2.5).
+
+    ``data`` holds the file from offset ``data_start`` on (a whole file, or just the 24 header
+    bytes when streaming); ``end`` is where the footer starts; ``prev_base`` the previous
+    batch's base offset (-1 for the first).
+    """
+    if end - pos < BATCH_HEADER_SIZE:
+        raise TruncatedSegmentError(
+            f"{end - pos} stray bytes before the footer, too few for a batch header", path, pos)
+    base, count, csize, usize, crc = _BATCH.unpack_from(data, pos - data_start)
+    info = BatchInfo(index, pos, base, count, csize, usize, crc)
+    if count < 1:
+        raise SegmentFormatError("batch record count is 0", path, pos + 8)
+    if base > INT64_MAX:
+        raise SegmentFormatError(f"batch base offset {base} exceeds 2^63-1", path, pos)
+    if base <= prev_base:
+        raise SegmentMismatchError(
+            f"batch base offset {base} does not increase (previous batch starts at {prev_base})", path, pos)
+    if csize > end - info.data_position:
+        raise TruncatedSegmentError(
+            f"batch claims {csize} compressed bytes but only {end - info.data_position} remain before the footer",
+            path, pos + 12)
+    if usize > READ_BATCH_LIMIT:
+        raise SegmentFormatError(
+            f"batch claims {usize} uncompressed bytes, above the reader's limit of {READ_BATCH_LIMIT}",
+            path, pos + 16)
+    if codec == Codec.NONE and csize != usize:
+        raise SegmentMismatchError(f"uncompressed segment but batch sizes differ ({csize} vs {usize})", path, pos + 12)
+    return info
+
+
 @dataclass(frozen=True)
 class SegmentStats:
     """What a written segment holds: the fields of a 1.1 ``segment_index`` entry and more."""
@@ -234,39 +267,10 @@ class SegmentReader:
         records = 0
         prev_base = -1
         while pos < end:
-            if end - pos < BATCH_HEADER_SIZE:
-                raise TruncatedSegmentError(
-                    f"{end - pos} stray bytes before the footer, too few for a batch header", self.path, pos
-                )
-            base, count, csize, usize, crc = _BATCH.unpack_from(self.data, pos)
-            info = BatchInfo(len(out), pos, base, count, csize, usize, crc)
-            if count < 1:
-                raise SegmentFormatError("batch record count is 0", self.path, pos + 8)
-            if base > INT64_MAX:
-                raise SegmentFormatError(f"batch base offset {base} exceeds 2^63-1", self.path, pos)
-            if base <= prev_base:
-                raise SegmentMismatchError(
-                    f"batch base offset {base} does not increase (previous batch starts at {prev_base})",
-                    self.path, pos,
-                )
-            if csize > end - info.data_position:
-                raise TruncatedSegmentError(
-                    f"batch claims {csize} compressed bytes but only {end - info.data_position} remain "
-                    "before the footer",
-                    self.path, pos + 12,
-                )
-            if usize > READ_BATCH_LIMIT:
-                raise SegmentFormatError(
-                    f"batch claims {usize} uncompressed bytes, above the reader's limit of {READ_BATCH_LIMIT}",
-                    self.path, pos + 16,
-                )
-            if self.codec == Codec.NONE and csize != usize:
-                raise SegmentMismatchError(
-                    f"uncompressed segment but batch sizes differ ({csize} vs {usize})", self.path, pos + 12
-                )
+            info = read_batch_header(self.data, pos, len(out), prev_base, end, self.codec, self.path)
             out.append(info)
-            records += count
-            prev_base = base
+            records += info.record_count
+            prev_base = info.base_offset
             pos = info.end
         h = self.header
         if records != h.record_count:

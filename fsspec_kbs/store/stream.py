@@ -24,7 +24,6 @@ import numpy as np
 from fsspec_kbs.errors import (
     ChecksumError,
     DecompressionError,
-    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
@@ -34,16 +33,14 @@ from fsspec_kbs.format.codecs import Codec, decompress
 from fsspec_kbs.format.columns import RecordColumns
 from fsspec_kbs.format.records import Payload, as_uint8
 from fsspec_kbs.format.segment import (
-    _BATCH,
     BATCH_HEADER_SIZE,
     FOOTER_SIZE,
     HEADER_SIZE,
-    INT64_MAX,
-    READ_BATCH_LIMIT,
     BatchInfo,
     SegmentFooter,
     SegmentHeader,
     SegmentReader,
+    read_batch_header,
 )
 
 #: Segments at least this large are streamed by ``KbsBackup.iter_columns``.
@@ -126,31 +123,9 @@ class SegmentStream:
     def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, bytes, bytes]:
         """Read the batch at ``pos``: header checks as ``SegmentReader.batches``, then CRC-32."""
         end = self.size - FOOTER_SIZE
-        if end - pos < BATCH_HEADER_SIZE:
-            raise TruncatedSegmentError(
-                f"{end - pos} stray bytes before the footer, too few for a batch header", self.path, pos)
-        head = self._read(BATCH_HEADER_SIZE, pos)
-        info = BatchInfo(index, pos, *_BATCH.unpack(head))
-        if info.record_count < 1:
-            raise SegmentFormatError("batch record count is 0", self.path, pos + 8)
-        if info.base_offset > INT64_MAX:
-            raise SegmentFormatError(f"batch base offset {info.base_offset} exceeds 2^63-1", self.path, pos)
-        if info.base_offset <= prev_base:
-            raise SegmentMismatchError(
-                f"batch base offset {info.base_offset} does not increase (previous batch starts at {prev_base})",
-                self.path, pos)
-        if info.compressed_size > end - info.data_position:
-            raise TruncatedSegmentError(
-                f"batch claims {info.compressed_size} compressed bytes but only {end - info.data_position} "
-                "remain before the footer", self.path, pos + 12)
-        if info.uncompressed_size > READ_BATCH_LIMIT:
-            raise SegmentFormatError(
-                f"batch claims {info.uncompressed_size} uncompressed bytes, above the reader's limit of "
-                f"{READ_BATCH_LIMIT}", self.path, pos + 16)
-        if self.codec == Codec.NONE and info.compressed_size != info.uncompressed_size:
-            raise SegmentMismatchError(
-                f"uncompressed segment but batch sizes differ ({info.compressed_size} vs "
-                f"{info.uncompressed_size})", self.path, pos + 12)
+        # Read no header bytes past the footer: read_batch_header reports the stray bytes.
+        head = self._read(BATCH_HEADER_SIZE, pos) if end - pos >= BATCH_HEADER_SIZE else b""
+        info = read_batch_header(head, pos, index, prev_base, end, self.codec, self.path, data_start=pos)
         frame = self._read(info.compressed_size, info.data_position)
         if self.verify:
             actual = crc32(frame)
