@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
-from fsspec_kbs.errors import CommitConflictError, KbsError, OffsetOrderError
+from fsspec_kbs.errors import CommitConflictError, KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.oso import (
     OSO_CODEC_NAMES,
@@ -45,6 +45,7 @@ from fsspec_kbs.store.names import (
     check_partition,
     check_topic,
 )
+from fsspec_kbs.store.writer import check_offsets
 
 LAYOUTS = ("kbs", "oso")
 #: The tool rotates a segment once its uncompressed records reach 128 MiB.
@@ -147,10 +148,7 @@ class OsoBackupWriter:
         if n == 0:
             return
         part = self._parts.setdefault((topic, partition), _Pending())
-        offs = cols.offsets
-        if int(offs[0]) <= part.last_offset or (n > 1 and not bool((offs[1:] > offs[:-1]).all())):
-            raise OffsetOrderError(f"offsets of {topic}/{partition} must strictly increase "
-                                   f"(holds up to {part.last_offset}, got {int(offs[0])}…{int(offs[-1])})")
+        check_offsets(topic, partition, cols.offsets, part.last_offset)
         start = 0
         while start < n:
             stop = n

@@ -158,6 +158,24 @@ class TopicEntry:
         )
 
 
+def summarize(topics: dict[str, list[PartitionEntry]], uncompressed_bytes: int) -> tuple[dict, dict]:
+    """``statistics`` and ``time_range`` of a manifest, derived from its segment indexes (§3)."""
+    segs = [s for parts in topics.values() for p in parts for s in p.segment_index or []]
+    mins = [s.min_timestamp for s in segs if s.min_timestamp is not None]
+    maxs = [s.max_timestamp for s in segs if s.max_timestamp is not None]
+    statistics = {
+        "topics": len(topics),
+        "partitions": sum(len(p) for p in topics.values()),
+        "segments": len(segs),
+        "records": sum(s.records for s in segs),
+        "uncompressed_bytes": uncompressed_bytes,
+        "compressed_bytes": sum(s.size_bytes for s in segs),
+    }
+    time_range = {"earliest_timestamp": min(mins) if mins else None,
+                  "latest_timestamp": max(maxs) if maxs else None}
+    return statistics, time_range
+
+
 @dataclass
 class Manifest:
     """A parsed ``manifest.json``. Unknown fields survive a parse/serialise round trip."""

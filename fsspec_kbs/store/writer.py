@@ -33,6 +33,7 @@ from fsspec_kbs.store.manifest import (
     PartitionEntry,
     SegmentEntry,
     TopicEntry,
+    summarize,
     utc_now_iso,
 )
 from fsspec_kbs.store.names import (
@@ -53,6 +54,20 @@ def _compress_pool(workers: int) -> cf.ThreadPoolExecutor:
     if workers not in _POOLS:
         _POOLS[workers] = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-compress")
     return _POOLS[workers]
+
+
+def check_offsets(topic: str, partition: int, offsets: np.ndarray, last_offset: int) -> None:
+    """Offsets about to be appended must be >= 0, above ``last_offset`` and strictly increasing."""
+    n = len(offsets)
+    if int(offsets[0]) <= last_offset or (n > 1 and not bool(np.all(offsets[1:] > offsets[:-1]))):
+        raise OffsetOrderError(
+            f"offsets of {topic}/{partition} must strictly increase "
+            f"(partition holds up to {last_offset}, got {int(offsets[0])}…{int(offsets[-1])} "
+            "not in increasing order)" if n > 1 else
+            f"offset {int(offsets[0])} of {topic}/{partition} is not above the last written "
+            f"offset {last_offset}")
+    if int(offsets[0]) < 0:
+        raise OffsetOrderError(f"negative offset {int(offsets[0])} in {topic}/{partition}")
 
 
 MODES = ("error", "overwrite", "append", "resume")
@@ -228,15 +243,7 @@ class BackupWriter:
             return
         part = self._parts.setdefault((topic, partition), _Partition())
         offsets = cols.offsets
-        if int(offsets[0]) <= part.last_offset or (n > 1 and not bool(np.all(offsets[1:] > offsets[:-1]))):
-            raise OffsetOrderError(
-                f"offsets of {topic}/{partition} must strictly increase "
-                f"(partition holds up to {part.last_offset}, got {int(offsets[0])}…{int(offsets[-1])} "
-                "not in increasing order)" if n > 1 else
-                f"offset {int(offsets[0])} of {topic}/{partition} is not above the last written "
-                f"offset {part.last_offset}")
-        if int(offsets[0]) < 0:
-            raise OffsetOrderError(f"negative offset {int(offsets[0])} in {topic}/{partition}")
+        check_offsets(topic, partition, offsets, part.last_offset)
         start = 0
         while start < n:
             stop = n
@@ -310,9 +317,7 @@ class BackupWriter:
                 segments=len(idx),
                 segment_index=list(idx),
             ))
-        all_segments = [s for parts in topics.values() for p in parts for s in p.segment_index or []]
-        mins = [s.min_timestamp for s in all_segments if s.min_timestamp is not None]
-        maxs = [s.max_timestamp for s in all_segments if s.max_timestamp is not None]
+        statistics, time_range = summarize(topics, uncompressed)
         base_extra = dict(self._base.extra) if self._base else {}
         base_topics = {t.name: t for t in self._base.topics} if self._base else {}
         return Manifest(
@@ -322,18 +327,8 @@ class BackupWriter:
             completed_at=utc_now_iso(),
             source_cluster=self.source_cluster,
             compression={"algorithm": CODEC_NAMES[self.codec], "level": self.level},
-            statistics={
-                "topics": len(topics),
-                "partitions": sum(len(p) for p in topics.values()),
-                "segments": len(all_segments),
-                "records": sum(s.records for s in all_segments),
-                "uncompressed_bytes": uncompressed,
-                "compressed_bytes": sum(s.size_bytes for s in all_segments),
-            },
-            time_range={
-                "earliest_timestamp": min(mins) if mins else None,
-                "latest_timestamp": max(maxs) if maxs else None,
-            },
+            statistics=statistics,
+            time_range=time_range,
             topics=[
                 TopicEntry(name, parts, extra=base_topics[name].extra if name in base_topics else {})
                 for name, parts in sorted(topics.items())

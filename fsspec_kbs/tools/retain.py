@@ -34,6 +34,7 @@ from fsspec_kbs.store.manifest import (
     PartitionEntry,
     SegmentEntry,
     TopicEntry,
+    summarize,
     utc_now_iso,
 )
 from fsspec_kbs.store.names import (
@@ -232,9 +233,7 @@ def _manifest(backup: KbsBackup, backup_id: str, topics: dict[str, list[Partitio
               report: RetentionReport) -> Manifest:
     src = backup.manifest
     assert src is not None
-    segs = [s for parts in topics.values() for p in parts for s in p.segment_index or []]
-    mins = [s.min_timestamp for s in segs if s.min_timestamp is not None]
-    maxs = [s.max_timestamp for s in segs if s.max_timestamp is not None]
+    statistics, time_range = summarize(topics, uncompressed)
     topic_extra = {t.name: t.extra for t in src.topics}
     return Manifest(
         version=WRITE_VERSION,
@@ -243,16 +242,8 @@ def _manifest(backup: KbsBackup, backup_id: str, topics: dict[str, list[Partitio
         completed_at=utc_now_iso(),
         source_cluster=src.source_cluster,
         compression=dict(src.compression),
-        statistics={
-            "topics": len(topics),
-            "partitions": sum(len(p) for p in topics.values()),
-            "segments": len(segs),
-            "records": sum(s.records for s in segs),
-            "uncompressed_bytes": uncompressed,
-            "compressed_bytes": sum(s.size_bytes for s in segs),
-        },
-        time_range={"earliest_timestamp": min(mins) if mins else None,
-                    "latest_timestamp": max(maxs) if maxs else None},
+        statistics=statistics,
+        time_range=time_range,
         topics=[TopicEntry(name, parts, extra=dict(topic_extra.get(name, {}))) for name, parts in sorted(topics.items())],
         extra={**src.extra, "retention": report.to_dict()},
     )
