@@ -15,7 +15,9 @@ Protocol (see docs/spark.md, "How writes commit"):
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
@@ -38,6 +41,9 @@ from fsspec_kbs.store.staging import SegmentAdopter
 log = logging.getLogger("fsspec_kbs.spark")
 
 STAGING_DIR = "_staging"
+# An abort marker outlives the clean-up of its job's files by this long: a task Spark cancelled
+# may still be staging files and must still find the marker telling it to remove them.
+MARKER_TTL_S = 24 * 3600
 _STATS = tuple(SegmentStats.__dataclass_fields__)
 
 
@@ -246,30 +252,47 @@ class KbsWriter(DataSourceArrowWriter):
         # Marker first, then delete: a task still running either staged its files before the
         # delete (removed here) or sees the marker afterwards and removes them itself.
         fs, path = url_to_fs(self._marker_url, **self.options.storage_options)
-        put_atomic(fs, path, b"aborted\n")
+        put_atomic(fs, path, json.dumps({"job": self.job_id, "aborted_at": time.time()}).encode() + b"\n")
         self._remove_staging(keep_marker=True)
 
     def _remove_staging(self, keep_marker: bool = False) -> None:
-        """Delete this job's staging directory; after a commit also old jobs' abort markers."""
+        """Delete this job's staging directory; after a commit also what aborted jobs left."""
         o = self.options
         fs, path = url_to_fs(self.staging_url, **o.storage_options)
         with contextlib.suppress(FileNotFoundError):
             fs.rm(path, recursive=True)
-        if keep_marker:
-            return
-        root = path.rsplit("/", 1)[0]
-        try:
-            for entry in fs.ls(root, detail=False):
-                if entry.endswith(".aborted"):
-                    # A task Spark killed mid-write never ran its own clean-up: drop what an
-                    # aborted job left, then its marker.
-                    with contextlib.suppress(FileNotFoundError):
-                        fs.rm(entry[: -len(".aborted")], recursive=True)
-                    fs.rm_file(entry)
-            if not fs.ls(root, detail=False):
-                fs.rm(root, recursive=True)
-        except (FileNotFoundError, OSError):
-            pass  # nothing left, or an object store without directories
+        if not keep_marker:
+            remove_aborted_leftovers(fs, path.rsplit("/", 1)[0])
+
+
+def remove_aborted_leftovers(fs: AbstractFileSystem, root: str, now: float | None = None) -> None:
+    """Delete the files of aborted jobs under the staging ``root``, and markers past their TTL.
+
+    A task Spark cancelled mid-write never ran its own clean-up, so its files are removed
+    here. The marker stays for :data:`MARKER_TTL_S`: such a task may still be running and
+    relies on it to know its job was aborted.
+    """
+    now = time.time() if now is None else now
+    try:
+        for entry in fs.ls(root, detail=False):
+            if not entry.endswith(".aborted"):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(entry[: -len(".aborted")], recursive=True)
+            if now - _aborted_at(fs, entry) > MARKER_TTL_S:
+                fs.rm_file(entry)
+        if not fs.ls(root, detail=False):
+            fs.rm(root, recursive=True)
+    except (FileNotFoundError, OSError):
+        pass  # nothing left, or an object store without directories
+
+
+def _aborted_at(fs: AbstractFileSystem, marker: str) -> float:
+    """When a marker was written; 0 (expired) for an unreadable one."""
+    try:
+        return float(json.loads(fs.cat_file(marker))["aborted_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, dict]]]]:
