@@ -29,12 +29,10 @@ from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format import kernels as k
 from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.records import (
-    MMAP_MIN_BYTES,
     ColumnsBuilder,
     Payload,
     RecordDecodeError,
     decode_payloads,
-    empty_array,
     encode_batches,
 )
 from fsspec_kbs.format.segment import SegmentReader, encode_segment
@@ -97,18 +95,13 @@ def _outcome(payload: Payload) -> tuple:
 
 def _fill_py(p: Payload) -> RecordColumns | tuple:
     """Decode with the interpreted kernels (``py_func``) in this process."""
-    code, pos, kb, vb, nh, hkb, hvb = k.scan_records.py_func(p.data, 0, len(p.data), p.count, p.base_offset)
-    if code != k.OK:
-        return ("error", code, pos)
-    b = ColumnsBuilder(p.count, len(p.data))
-    c = b.cols
-    k.fill_records.py_func(p.data, 0, p.count, p.base_offset, 0, 0, c.offsets, c.timestamps,
-                           c.key_offsets, c.key_data, c.key_valid, c.value_offsets, c.value_data,
-                           c.value_valid, c.header_offsets, c.header_key_offsets, c.header_key_data,
-                           c.header_value_offsets, c.header_value_data, c.header_value_valid)
-    b.row, b.hrow = p.count, nh
-    b._used[:] = (kb, vb, hkb, hvb)
-    return ("ok", [getattr(b.finish(), f).tolist() for f in FIELDS])
+    b = ColumnsBuilder(scan=k.scan_records.py_func, fill=k.fill_records.py_func)
+    try:
+        b.add(p)
+    except RecordDecodeError as e:
+        return ("error", e.code, e.position)
+    cols = b.finish()
+    return ("ok", [getattr(cols, f).tolist() for f in FIELDS])
 
 
 def _mutated_corpus(count: int = 400) -> list[Payload]:
@@ -304,15 +297,17 @@ def test_batch_crc_checked_when_asked_or_segment_crc_fails() -> None:
         SegmentReader(bytes(buf), "x.kbs").read_all()
 
 
-def test_empty_array_maps_large_arrays() -> None:
-    small = empty_array(10, np.int32)
-    big = empty_array(MMAP_MIN_BYTES, np.uint8)
-    assert small.dtype == np.int32 and len(small) == 10
-    assert big.dtype == np.uint8 and len(big) == MMAP_MIN_BYTES
-    big[:] = 7
-    assert int(big.sum()) == 7 * MMAP_MIN_BYTES
-    import mmap
-    assert isinstance(getattr(big.base, "obj", big.base), mmap.mmap)
+def test_decoded_columns_live_in_the_arrow_pool_and_are_exact() -> None:
+    import pyarrow as pa
+
+    batches = encode_batches(_records(np.random.default_rng(3), 300), 16 * 1024)
+    cols = decode_payloads([Payload(b.data, b.base_offset, b.count) for b in batches])
+    assert len(cols.value_data) == int(cols.value_offsets[-1]) > 0
+    for f in FIELDS:
+        arr = getattr(cols, f)
+        # Each array is a whole buffer of Arrow's pool, of exactly the size its rows need.
+        assert isinstance(arr.base, pa.Buffer), f
+        assert arr.base.size == max(1, arr.nbytes), f
 
 
 def test_ordered_stream_order_errors_budget_and_close() -> None:

@@ -368,9 +368,10 @@ class SegmentReader:
         return chunks[0] if chunks else None
 
     def _decode(self, group: Sequence[BatchInfo]) -> RecordColumns:
-        # Decompress and decode batch by batch so each one is decoded while still in cache
-        # and only one decompressed batch is alive at a time.
-        builder = ColumnsBuilder(sum(i.record_count for i in group), sum(i.uncompressed_size for i in group))
+        # Each batch is checked right after it is decompressed (while in cache); the copy into
+        # exact-size arrays follows once the group's sizes are known. A group's decompressed
+        # batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
+        builder = ColumnsBuilder()
         try:
             for info in group:
                 builder.add(self.payload(info))
