@@ -53,7 +53,7 @@ from fsspec_kbs.errors import (
     UnsupportedCodecError,
 )
 from fsspec_kbs.format.columns import RecordColumns
-from fsspec_kbs.format.kernels import kernel, read_varint, write_varint
+from fsspec_kbs.format.kernels import copy_bytes, kernel, put_field, read_varint, write_varint
 
 #: Bytes of a v2 batch header; ``LOG_OVERHEAD`` is the offset + length prefix every format shares.
 KAFKA_BATCH_HEADER_SIZE = 61
@@ -437,16 +437,7 @@ def scan_kafka_records(buf, start, end, count, max_delta):  # type: ignore[no-un
 @kernel
 def _copy_field(buf, pos, data, offs, valid, r):  # type: ignore[no-untyped-def]
     n, pos = read_varint(buf, pos, pos + 10)
-    a = offs[r]
-    if n >= 0:
-        data[a : a + n] = buf[pos : pos + n]
-        pos += n
-        offs[r + 1] = a + n
-        valid[r] = True
-    else:
-        offs[r + 1] = a
-        valid[r] = False
-    return pos
+    return put_field(data, offs, valid, r, buf, pos, n)
 
 
 @kernel
@@ -473,7 +464,7 @@ def fill_kafka_records(  # type: ignore[no-untyped-def]
         for _h in range(hc):
             n, pos = read_varint(buf, pos, pos + 10)
             a = hkey_offsets[hrow]
-            hkey_data[a : a + n] = buf[pos : pos + n]
+            copy_bytes(hkey_data, a, buf, pos, n)
             pos += n
             hkey_offsets[hrow + 1] = a + n
             pos = _copy_field(buf, pos, hvalue_data, hvalue_offsets, hvalue_valid, hrow)

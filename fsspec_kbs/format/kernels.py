@@ -19,12 +19,16 @@ def _identity(fn):  # type: ignore[no-untyped-def]
 
 
 kernel = _identity
+inline_kernel = _identity  # a small kernel inlined into its callers (per-field helpers)
 if os.environ.get("FSSPEC_KBS_NO_JIT", "") not in ("1", "true", "yes"):
     try:
         import numba
 
         def kernel(fn):  # type: ignore[no-redef,no-untyped-def]
             return numba.njit(cache=True, nogil=True)(fn)
+
+        def inline_kernel(fn):  # type: ignore[no-redef,no-untyped-def]
+            return numba.njit(cache=True, nogil=True, inline="always")(fn)
 
         JIT_ENABLED = True
     except ImportError:  # pragma: no cover - numba is a core dependency
@@ -122,6 +126,24 @@ def write_varint(out, pos, v):  # type: ignore[no-untyped-def]
         zz = (zz >> 7) & _LOW57
     out[pos] = zz
     return pos + 1
+
+
+@inline_kernel
+def put_field(data, offsets, valid, r, buf, pos, n):  # type: ignore[no-untyped-def]
+    """Row ``r`` of a nullable field: the ``n`` bytes at ``buf[pos]``, or null when ``n`` < 0.
+
+    Fills ``data``, ``offsets[r + 1]`` and ``valid[r]``; returns the position after the bytes.
+    Bounds are the caller's scan pass's job.
+    """
+    a = offsets[r]
+    if n >= 0:
+        copy_bytes(data, a, buf, pos, n)
+        offsets[r + 1] = a + n
+        valid[r] = True
+        return pos + n
+    offsets[r + 1] = a
+    valid[r] = False
+    return pos
 
 
 @kernel
@@ -227,25 +249,9 @@ def fill_records(  # type: ignore[no-untyped-def]
         ts = d if i == 0 else ts + d
         timestamps[r] = ts
         n, pos = read_varint(buf, pos, pos + 10)
-        k0 = key_offsets[r]
-        if n >= 0:
-            copy_bytes(key_data, k0, buf, pos, n)
-            pos += n
-            key_offsets[r + 1] = k0 + n
-            key_valid[r] = True
-        else:
-            key_offsets[r + 1] = k0
-            key_valid[r] = False
+        pos = put_field(key_data, key_offsets, key_valid, r, buf, pos, n)
         n, pos = read_varint(buf, pos, pos + 10)
-        v0 = value_offsets[r]
-        if n >= 0:
-            copy_bytes(value_data, v0, buf, pos, n)
-            pos += n
-            value_offsets[r + 1] = v0 + n
-            value_valid[r] = True
-        else:
-            value_offsets[r + 1] = v0
-            value_valid[r] = False
+        pos = put_field(value_data, value_offsets, value_valid, r, buf, pos, n)
         hc, pos = read_varint(buf, pos, pos + 10)
         for _h in range(hc):
             n, pos = read_varint(buf, pos, pos + 10)
@@ -254,15 +260,7 @@ def fill_records(  # type: ignore[no-untyped-def]
             pos += n
             hkey_offsets[hrow + 1] = a + n
             n, pos = read_varint(buf, pos, pos + 10)
-            a = hvalue_offsets[hrow]
-            if n >= 0:
-                copy_bytes(hvalue_data, a, buf, pos, n)
-                pos += n
-                hvalue_offsets[hrow + 1] = a + n
-                hvalue_valid[hrow] = True
-            else:
-                hvalue_offsets[hrow + 1] = a
-                hvalue_valid[hrow] = False
+            pos = put_field(hvalue_data, hvalue_offsets, hvalue_valid, hrow, buf, pos, n)
             hrow += 1
         header_offsets[r + 1] = header_offsets[r] + hc
     return pos

@@ -42,7 +42,7 @@ from fsspec_kbs.errors import (
     UnsupportedCodecError,
 )
 from fsspec_kbs.format.columns import RecordColumns
-from fsspec_kbs.format.kernels import kernel
+from fsspec_kbs.format.kernels import copy_bytes, kernel, put_field
 
 MAGIC = b"KBAK"
 END_MAGIC = b"BKAE"
@@ -348,48 +348,18 @@ def fill_oso_records(  # type: ignore[no-untyped-def]
         timestamps[r] = _i64(buf, p)
         offsets[r] = _i64(buf, p + 8)
         p += 16
-        ln = _i32(buf, p)
-        p += 4
-        a = key_offsets[r]
-        if ln >= 0:
-            key_data[a : a + ln] = buf[p : p + ln]
-            p += ln
-            key_offsets[r + 1] = a + ln
-            key_valid[r] = True
-        else:
-            key_offsets[r + 1] = a
-            key_valid[r] = False
-        ln = _i32(buf, p)
-        p += 4
-        a = value_offsets[r]
-        if ln >= 0:
-            value_data[a : a + ln] = buf[p : p + ln]
-            p += ln
-            value_offsets[r + 1] = a + ln
-            value_valid[r] = True
-        else:
-            value_offsets[r + 1] = a
-            value_valid[r] = False
+        p = put_field(key_data, key_offsets, key_valid, r, buf, p + 4, _i32(buf, p))
+        p = put_field(value_data, value_offsets, value_valid, r, buf, p + 4, _i32(buf, p))
         hc = _u16(buf, p)
         p += 2
         for _h in range(hc):
             ln = _u16(buf, p)
             p += 2
             a = hkey_offsets[h]
-            hkey_data[a : a + ln] = buf[p : p + ln]
+            copy_bytes(hkey_data, a, buf, p, ln)
             p += ln
             hkey_offsets[h + 1] = a + ln
-            ln = _i32(buf, p)
-            p += 4
-            a = hvalue_offsets[h]
-            if ln >= 0:
-                hvalue_data[a : a + ln] = buf[p : p + ln]
-                p += ln
-                hvalue_offsets[h + 1] = a + ln
-                hvalue_valid[h] = True
-            else:
-                hvalue_offsets[h + 1] = a
-                hvalue_valid[h] = False
+            p = put_field(hvalue_data, hvalue_offsets, hvalue_valid, h, buf, p + 4, _i32(buf, p))
             h += 1
         header_offsets[r + 1] = header_offsets[r] + hc
 
