@@ -7,6 +7,7 @@ Run ``python -m benchmarks.read`` (``--quick`` for a smaller run). For each code
 * our decode of the same segments into Arrow record batches (CRC-64 + CRC-32 checks on,
   decompression, record decoding, Arrow construction) single-threaded, and its ratio;
 * the same with checks off, giving the cost of the checks;
+* both again with zero-copy ``binary_view`` output (``binary_view=True``);
 * the whole dataset scan (``KbsDataset.to_batches``) with one thread and with the thread
   pool, giving the multi-core speed-up;
 
@@ -88,19 +89,20 @@ def _two_threads(fn: Any, *args: Any) -> None:
         t.join()
 
 
-def decode(codec: str, files: list[Path], datas: list[bytes], verify: bool) -> int:
+def decode(codec: str, files: list[Path], datas: list[bytes], verify: bool, views: bool = False) -> int:
     rows = 0
     for f, data in zip(files, datas, strict=True):
         if codec == "none":  # compared with reading the files, so read them here too
             with open(f, "rb") as fh:
                 data = fh.read()
-        for cols in SegmentReader(data, str(f), verify).iter_columns(CHUNK_BYTES, threads=1):
+        for cols in SegmentReader(data, str(f), verify).iter_columns(CHUNK_BYTES, threads=1, views=views):
             rows += columns_to_batch(cols, "bench", 0).num_rows
     return rows
 
 
-def scan(url: Path, threads: bool) -> int:
-    return sum(b.num_rows for b in KbsDataset.open(str(url)).to_batches(use_threads=threads))
+def scan(url: Path, threads: bool, views: bool = False) -> int:
+    batches = KbsDataset.open(str(url)).to_batches(use_threads=threads, binary_view=views)
+    return sum(b.num_rows for b in batches)
 
 
 def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: int) -> list[dict[str, Any]]:
@@ -116,6 +118,10 @@ def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: 
     t_st = best_time(lambda: scan(url, False), repeat, cpu=False)
     t_st_cpu = best_time(lambda: scan(url, False), repeat)
     t_mt = best_time(lambda: scan(url, True), repeat, cpu=False)
+    t_von = best_time(lambda: decode(codec, files, datas, True, views=True), repeat)
+    t_voff = best_time(lambda: decode(codec, files, datas, False, views=True), repeat)
+    t_vst = best_time(lambda: scan(url, False, views=True), repeat, cpu=False)
+    t_vmt = best_time(lambda: scan(url, True, views=True), repeat, cpu=False)
     ref = total / t_ref / MB
     rows = [
         report(f"{codec}: reference ({ref_name}, 1 thread)", ref),
@@ -130,6 +136,17 @@ def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: 
     rows.append(report(f"{codec}: dataset scan, 1 thread (CPU time)", total / t_st_cpu / MB, ref=ref))
     rows.append(report(f"{codec}: dataset scan, 1 thread (wall time)", total / t_st / MB, ref=ref))
     rows.append(report(f"{codec}: dataset scan, thread pool", total / t_mt / MB, ref=ref, target=TARGET_DECODE))
+    rows.append(report(f"{codec}: binary_view decode, CRC on, 1 thread", total / t_von / MB, ref=ref,
+                       target=TARGET_DECODE))
+    rows.append(report(f"{codec}: binary_view decode, CRC off, 1 thread", total / t_voff / MB, ref=ref))
+    vcost = t_von / t_voff - 1
+    rows.append({"name": f"{codec}: binary_view CRC cost", "value": round(vcost, 4), "unit": "fraction",
+                 "target": TARGET_CRC_COST, "meets_target": vcost <= TARGET_CRC_COST})
+    print(f"{codec + ': binary_view CRC cost':<58} {vcost * 100:10.1f} %")
+    rows.append(report(f"{codec}: binary_view dataset scan, 1 thread (wall time)", total / t_vst / MB, ref=ref))
+    rows.append(report(f"{codec}: binary_view dataset scan, thread pool", total / t_vmt / MB, ref=ref,
+                       target=TARGET_DECODE))
+    rows.append(report(f"{codec}: binary_view thread pool speed-up over 1 thread", t_vst / t_vmt, unit="x"))
     if codec != "none":
         # What the machine gives right now: the codec alone on two threads (other load counts).
         t_ref2 = best_time(lambda: _two_threads(reference, codec, files, frames), repeat, cpu=False)
@@ -155,11 +172,14 @@ def sweep(root: Path, data_bytes: int, repeat: int) -> list[dict[str, Any]]:
         t_ref = best_time(partial(reference, "zstd", files, frames), repeat)
         t_on = best_time(partial(decode, "zstd", files, datas, True), repeat)
         t_mt = best_time(partial(scan, url, True), repeat, cpu=False)
+        t_view = best_time(partial(decode, "zstd", files, datas, True, True), repeat)
         row = {"value_bytes": [lo, hi], "mean_record_bytes": round(total / nrec, 1),
                "zstd_MBps": round(total / t_ref / MB, 1), "decode_MBps": round(total / t_on / MB, 1),
-               "scan_threads_MBps": round(total / t_mt / MB, 1)}
+               "scan_threads_MBps": round(total / t_mt / MB, 1),
+               "decode_view_MBps": round(total / t_view / MB, 1)}
         print(f"values {lo:>5}-{hi:<5} B (record ~{row['mean_record_bytes']:>7} B): zstd {row['zstd_MBps']:7.1f}"
               f"  decode {row['decode_MBps']:7.1f} ({row['decode_MBps'] / row['zstd_MBps']:.2f})"
+              f"  binary_view {row['decode_view_MBps']:7.1f} ({row['decode_view_MBps'] / row['zstd_MBps']:.2f})"
               f"  scan(threads) {row['scan_threads_MBps']:7.1f} MB/s")
         out.append(row)
         shutil.rmtree(url)

@@ -34,6 +34,7 @@ def read_table(
     allow_incomplete: bool = False,
     use_threads: bool = True,
     verify_checksums: bool = True,
+    binary_view: bool = False,
 ) -> pa.Table:
     """Read a backup (or part of it) into a :class:`pyarrow.Table`.
 
@@ -57,6 +58,9 @@ def read_table(
         Passed to fsspec for ``url``.
     allow_incomplete : bool, default False
         Read a backup that has no manifest (interrupted).
+    binary_view : bool, default False
+        Zero-copy: ``binary_view``/``string_view`` columns pointing into the decompressed
+        batches (see :meth:`KbsDataset.scanner`).
 
     Raises
     ------
@@ -71,7 +75,7 @@ def read_table(
                   start_offset=start_offset, end_offset=end_offset, start_time=start_time,
                   end_time=end_time, topic_pattern=topic_pattern)
     return ds.to_table(columns=columns, filter=filter, use_threads=use_threads,
-                       verify_checksums=verify_checksums)
+                       verify_checksums=verify_checksums, binary_view=binary_view)
 
 
 def open_reader(
@@ -91,6 +95,7 @@ def open_reader(
     allow_incomplete: bool = False,
     use_threads: bool = True,
     verify_checksums: bool = True,
+    binary_view: bool = False,
 ) -> pa.RecordBatchReader:
     """Stream a backup as a :class:`pyarrow.RecordBatchReader` in bounded memory.
 
@@ -100,7 +105,7 @@ def open_reader(
                   start_offset=start_offset, end_offset=end_offset, start_time=start_time,
                   end_time=end_time, topic_pattern=topic_pattern)
     return ds.to_reader(columns=columns, filter=filter, batch_size=batch_size, use_threads=use_threads,
-                        verify_checksums=verify_checksums)
+                        verify_checksums=verify_checksums, binary_view=binary_view)
 
 
 def read_pandas(url: str, **kwargs: Any) -> Any:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from fsspec_kbs.arrow.convert import columns_to_batch
 from fsspec_kbs.arrow.schema import COLUMNS, project
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
+from fsspec_kbs.format import ViewColumns
 from fsspec_kbs.format.segment import decode_threads
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 
@@ -94,6 +95,7 @@ class KbsDataset:
         use_threads: bool = True,
         verify_checksums: bool = True,
         on_error: str = "raise",
+        binary_view: bool = False,
     ) -> KbsScanner:
         """A lazy scan.
 
@@ -111,8 +113,17 @@ class KbsDataset:
             Check CRC-64 per segment and CRC-32 per batch.
         on_error : {"raise", "skip"}, default "raise"
             ``skip`` reports corrupt segments through :attr:`KbsScanner.errors` and goes on.
+        binary_view : bool, default False
+            Zero-copy output: ``key``, ``value`` and header values as ``binary_view``, header
+            keys as ``string_view``, pointing into the decompressed batches instead of copies
+            of them (see :data:`~fsspec_kbs.arrow.schema.KAFKA_VIEW_SCHEMA`). Faster and the
+            same memory while streaming, but a batch keeps its whole chunk's decompressed
+            batches (~4 MB) alive while any row of it is. Arrow's compute functions do not all
+            take views yet (``filter``/``take`` do not): a ``filter`` expression makes the
+            scan decode copies and cast its result to views.
         """
-        return KbsScanner(self, columns, filter, batch_size, use_threads, verify_checksums, on_error)
+        return KbsScanner(self, columns, filter, batch_size, use_threads, verify_checksums, on_error,
+                          binary_view)
 
     def to_batches(self, **kwargs: Any) -> Iterator[pa.RecordBatch]:
         return self.scanner(**kwargs).to_batches()
@@ -134,12 +145,13 @@ class KbsScanner:
     """Reads the segments a dataset selects, in (topic, partition, offset) order."""
 
     def __init__(self, dataset: KbsDataset, columns: list[str] | None, filter: Any, batch_size: int | None,
-                 use_threads: bool, verify_checksums: bool, on_error: str) -> None:
+                 use_threads: bool, verify_checksums: bool, on_error: str, binary_view: bool = False) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError("on_error must be 'raise' or 'skip'")
         self.dataset = dataset
         self.columns = list(COLUMNS) if columns is None else list(columns)
-        self.out_schema = project(self.columns)
+        self.views = binary_view
+        self.out_schema = project(self.columns, binary_view)
         sf = dataset.scan_filter
         self.expression = None
         if isinstance(filter, list):
@@ -162,19 +174,26 @@ class KbsScanner:
 
     def _iter_segment(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
         """Filtered Arrow batches of one segment, one per decoded chunk, as they are decoded."""
+        # Expressions run on the copied layout (Arrow's filter does not take views yet); the
+        # result is cast to views, which points into its buffers.
+        views = self.views and self.expression is None
         chunks = self.dataset.backup.iter_columns(ref, verify_checksums=self.verify,
-                                                  max_chunk_bytes=CHUNK_BYTES)
+                                                  max_chunk_bytes=CHUNK_BYTES, views=views)
         if not self.use_threads:
             with decode_threads(1):  # one thread means one: no chunk-level decoding pool either
                 first = next(chunks, None)
             chunks = iter(() if first is None else itertools.chain([first], chunks))
         for cols in chunks:
             mask = self.scan_filter.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
-            batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path)
+            if mask is not None and isinstance(cols, ViewColumns):
+                cols, mask = cols.filter(mask), None
+            batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path, views=views)
             if mask is not None:
                 batch = batch.filter(pa.array(mask))
             if self.expression is not None:
                 batch = batch.filter(self.expression).select(self.columns)
+                if self.views:
+                    batch = batch.cast(self.out_schema)
             if batch.num_rows:
                 yield batch
 

@@ -32,6 +32,7 @@ from fsspec_kbs.format.records import (
     ColumnsBuilder,
     Payload,
     RecordDecodeError,
+    ViewsBuilder,
     decode_payloads,
     encode_batches,
 )
@@ -104,6 +105,42 @@ def _fill_py(p: Payload) -> RecordColumns | tuple:
     return ("ok", [getattr(cols, f).tolist() for f in FIELDS])
 
 
+VIEW_FIELDS = ("offsets", "timestamps", "key_views", "key_valid", "value_views", "value_valid",
+               "header_offsets", "header_key_views", "header_value_views", "header_value_valid")
+
+
+def _views(p: Payload, py: bool) -> tuple:
+    """("ok", every view column) or ("error", code, position) of the views decoder."""
+    b = (ViewsBuilder(p.count, scan=k.scan_records.py_func, fill=k.fill_views.py_func) if py
+         else ViewsBuilder(p.count))
+    try:
+        b.add(p)
+    except RecordDecodeError as e:
+        return ("error", e.code, e.position)
+    cols = b.finish()
+    return ("ok", [getattr(cols, f).tolist() for f in VIEW_FIELDS])
+
+
+def _views_as_copies(p: Payload) -> tuple:
+    """The views decoder's outcome in the shape of :func:`_outcome` (bytes read through Arrow)."""
+    from fsspec_kbs.arrow.convert import columns_to_batch
+
+    b = ViewsBuilder(p.count)
+    try:
+        b.add(p)
+    except RecordDecodeError as e:
+        return ("error", e.code, e.position)
+    return ("ok", columns_to_batch(b.finish(), "t", 0).cast(columns_to_batch(decode_payloads([p]), "t", 0).schema)
+            .to_pylist())
+
+
+def _copies(p: Payload) -> tuple:
+    from fsspec_kbs.arrow.convert import columns_to_batch
+
+    out = _outcome(p)
+    return out if out[0] == "error" else ("ok", columns_to_batch(decode_payloads([p]), "t", 0).to_pylist())
+
+
 def _mutated_corpus(count: int = 400) -> list[Payload]:
     rng = np.random.default_rng(6)
     base = [p for s in range(8) for p in _payloads(s)]
@@ -157,6 +194,19 @@ def test_mutated_batches_agree_with_py_func() -> None:
         assert _outcome(p) == _fill_py(p), f"payload {i}"
 
 
+def test_views_decoder_agrees_with_copies_and_py_func() -> None:
+    """Same verdict (error code and byte) as the copying decoder, same rows; the compiled and
+    interpreted view kernels write the same 16 bytes per view (zero padding included)."""
+    corpus = _mutated_corpus(200)
+    oks = 0
+    for i, p in enumerate(corpus):
+        assert _views(p, py=False) == _views(p, py=True), f"payload {i}"
+        got = _views_as_copies(p)
+        assert got == _copies(p), f"payload {i}"
+        oks += got[0] == "ok"
+    assert 0 < oks < len(corpus)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 4000), st.binary(max_size=64))
 def test_random_inputs_agree(seed: int, n: int, max_bytes: int, junk: bytes) -> None:
@@ -167,10 +217,14 @@ def test_random_inputs_agree(seed: int, n: int, max_bytes: int, junk: bytes) -> 
     for b in batches:
         p = Payload(b.data, b.base_offset, b.count)
         assert _outcome(p) == _fill_py(p)
+        assert _views(p, py=False) == _views(p, py=True)
+        assert _views_as_copies(p) == _copies(p)
     # Arbitrary bytes as a batch: never a crash, same verdict.
     for count in (1, 3):
         p = Payload(np.frombuffer(junk, np.uint8), 0, count)
         assert _outcome(p) == _fill_py(p)
+        assert _views(p, py=False) == _views(p, py=True)
+        assert _views_as_copies(p)[0] == _outcome(p)[0]
 
 
 def test_encoder_agrees_with_py_func() -> None:
@@ -245,6 +299,10 @@ def test_corrupt_conformance_cases_agree(conformance: Path) -> None:
     reference = json.loads(_run_no_jit(_CONFORMANCE_SCRIPT, str(conformance / "corrupt"), *cases))
     assert fast == reference
     assert all(v[0] != "ok" for v in fast.values())
+    for case in cases:  # the zero-copy decoder fails the same way
+        with pytest.raises(KbsError) as err:
+            fsspec_kbs.read_table(str(conformance / "corrupt" / case / "backup-1"), binary_view=True)
+        assert [type(err.value).__name__, str(err.value)] == fast[case], case
 
 
 # -- fast-path machinery --------------------------------------------------------------------------

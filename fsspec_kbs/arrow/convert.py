@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fsspec_kbs.arrow.schema import HEADER_TYPE, KAFKA_SCHEMA, project
+from fsspec_kbs.arrow.schema import HEADER_TYPE, KAFKA_SCHEMA, VIEW_HEADER_TYPE, project
 from fsspec_kbs.errors import RecordFormatError
-from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format import RecordColumns, ViewColumns
 
 
 def _validity(valid: np.ndarray) -> tuple[pa.Buffer | None, int]:
@@ -33,30 +33,62 @@ def _repeat_string(value: str, n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
 
 
-def headers_array(cols: RecordColumns, path: str | None = None) -> pa.Array:
-    keys = _varlen(pa.string(), cols.header_key_offsets, cols.header_key_data, None)
+def _views(typ: pa.DataType, views: np.ndarray, buffers: list[pa.Buffer], valid: np.ndarray | None) -> pa.Array:
+    validity, nulls = (None, 0) if valid is None else _validity(valid)
+    return pa.Array.from_buffers(typ, len(views) // 16, [validity, pa.py_buffer(views), *buffers],
+                                 null_count=nulls)
+
+
+def _header_parts(cols: RecordColumns | ViewColumns) -> tuple[pa.Array, pa.Array, pa.DataType]:
+    if isinstance(cols, ViewColumns):
+        bufs = [pa.py_buffer(b) for b in cols.buffers]
+        return (_views(pa.string_view(), cols.header_key_views, bufs, None),
+                _views(pa.binary_view(), cols.header_value_views, bufs, cols.header_value_valid),
+                VIEW_HEADER_TYPE)
+    return (_varlen(pa.string(), cols.header_key_offsets, cols.header_key_data, None),
+            _varlen(pa.binary(), cols.header_value_offsets, cols.header_value_data, cols.header_value_valid),
+            HEADER_TYPE)
+
+
+def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None) -> pa.Array:
+    keys, values, typ = _header_parts(cols)
     try:
         keys.validate(full=True)
     except pa.ArrowInvalid as e:
         raise RecordFormatError(f"a header key is not valid UTF-8: {e}", path) from e
-    values = _varlen(pa.binary(), cols.header_value_offsets, cols.header_value_data, cols.header_value_valid)
-    struct = pa.StructArray.from_arrays([keys, values], fields=list(HEADER_TYPE))
-    return pa.Array.from_buffers(pa.list_(HEADER_TYPE), len(cols), [None, pa.py_buffer(cols.header_offsets)],
+    struct = pa.StructArray.from_arrays([keys, values], fields=list(typ))
+    return pa.Array.from_buffers(pa.list_(typ), len(cols), [None, pa.py_buffer(cols.header_offsets)],
                                  children=[struct])
 
 
-def columns_to_batch(cols: RecordColumns, topic: str, partition: int,
+def _key_value(cols: RecordColumns | ViewColumns, name: str, views: bool) -> pa.Array:
+    if isinstance(cols, ViewColumns):
+        bufs = [pa.py_buffer(b) for b in cols.buffers]
+        if name == "key":
+            return _views(pa.binary_view(), cols.key_views, bufs, cols.key_valid)
+        return _views(pa.binary_view(), cols.value_views, bufs, cols.value_valid)
+    if name == "key":
+        arr = _varlen(pa.binary(), cols.key_offsets, cols.key_data, cols.key_valid)
+    else:
+        arr = _varlen(pa.binary(), cols.value_offsets, cols.value_data, cols.value_valid)
+    return arr.cast(pa.binary_view()) if views else arr
+
+
+def columns_to_batch(cols: RecordColumns | ViewColumns, topic: str, partition: int,
                      columns: list[str] | tuple[str, ...] | None = None,
-                     path: str | None = None) -> pa.RecordBatch:
-    """Arrow batch (the Kafka schema, or ``columns`` of it) for records of one partition."""
-    schema = project(columns)
+                     path: str | None = None, views: bool = False) -> pa.RecordBatch:
+    """Arrow batch (the Kafka schema, or ``columns`` of it) for records of one partition.
+
+    ``views``: the view types of :data:`~fsspec_kbs.arrow.schema.KAFKA_VIEW_SCHEMA` (given
+    :class:`ViewColumns`, they point into its batches; given :class:`RecordColumns`, a cast).
+    """
+    views = views or isinstance(cols, ViewColumns)
+    schema = project(columns, views)
     n = len(cols)
     arrays = []
     for name in schema.names:
-        if name == "key":
-            arrays.append(_varlen(pa.binary(), cols.key_offsets, cols.key_data, cols.key_valid))
-        elif name == "value":
-            arrays.append(_varlen(pa.binary(), cols.value_offsets, cols.value_data, cols.value_valid))
+        if name in ("key", "value"):
+            arrays.append(_key_value(cols, name, views))
         elif name == "topic":
             arrays.append(_repeat_string(topic, n))
         elif name == "partition":
@@ -69,7 +101,10 @@ def columns_to_batch(cols: RecordColumns, topic: str, partition: int,
         elif name == "timestampType":
             arrays.append(pa.array(np.zeros(n, dtype=np.int32)))
         else:
-            arrays.append(headers_array(cols, path))
+            headers = headers_array(cols, path)
+            if views and not isinstance(cols, ViewColumns):
+                headers = headers.cast(schema.field("headers").type)
+            arrays.append(headers)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

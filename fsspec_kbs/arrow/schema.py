@@ -19,12 +19,22 @@ KAFKA_SCHEMA = pa.schema([
 ])
 COLUMNS = tuple(KAFKA_SCHEMA.names)
 
+VIEW_HEADER_TYPE = pa.struct([pa.field("key", pa.string_view()), pa.field("value", pa.binary_view())])
+#: The same columns with the zero-copy view types (``binary_view=True`` reads).
+KAFKA_VIEW_SCHEMA = pa.schema([
+    KAFKA_SCHEMA.field("key").with_type(pa.binary_view()),
+    KAFKA_SCHEMA.field("value").with_type(pa.binary_view()),
+    *(KAFKA_SCHEMA.field(c) for c in COLUMNS[2:7]),
+    pa.field("headers", pa.list_(VIEW_HEADER_TYPE)),
+])
 
-def project(columns: list[str] | tuple[str, ...] | None) -> pa.Schema:
-    """Schema restricted to ``columns`` (in the caller's order)."""
+
+def project(columns: list[str] | tuple[str, ...] | None, views: bool = False) -> pa.Schema:
+    """Schema restricted to ``columns`` (in the caller's order); ``views``: the view types."""
+    schema = KAFKA_VIEW_SCHEMA if views else KAFKA_SCHEMA
     if columns is None:
-        return KAFKA_SCHEMA
+        return schema
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; a backup has {list(COLUMNS)}")
-    return pa.schema([KAFKA_SCHEMA.field(c) for c in columns])
+    return pa.schema([schema.field(c) for c in columns])

@@ -1,7 +1,7 @@
 """Pure KBS format code: bytes <-> records. No I/O, no fsspec, no pyarrow."""
 
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES, Codec, compress, decompress
-from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.records import EncodedBatch, Payload, decode_payloads, encode_batches
 from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
@@ -36,6 +36,7 @@ __all__ = [
     "SegmentHeader",
     "SegmentReader",
     "SegmentStats",
+    "ViewColumns",
     "assemble_segment",
     "compress",
     "compress_batch",

@@ -118,3 +118,53 @@ class RecordColumns:
             header_value_data=hvdata,
             header_value_valid=hvvalid,
         )
+
+
+@dataclass
+class ViewColumns:
+    """Decoded records whose variable-length fields are Arrow views into the batches' bytes.
+
+    ``*_views`` hold 16 bytes per entry (``binary_view`` layout: length, then the bytes
+    inline when at most 12, else a prefix, an index into ``buffers`` and an offset there).
+    Nothing of the record data is copied; the views keep ``buffers`` (the decompressed
+    batches) alive. Offsets, timestamps and header counts are as in :class:`RecordColumns`.
+    """
+
+    offsets: np.ndarray  # int64[n]
+    timestamps: np.ndarray  # int64[n]
+    key_views: np.ndarray  # uint8[16 n]
+    key_valid: np.ndarray  # bool[n]
+    value_views: np.ndarray
+    value_valid: np.ndarray
+    header_offsets: np.ndarray  # int32[n + 1]
+    header_key_views: np.ndarray  # uint8[16 h]
+    header_value_views: np.ndarray
+    header_value_valid: np.ndarray  # bool[h]
+    buffers: list[np.ndarray]  # uint8, one per batch
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def num_headers(self) -> int:
+        return len(self.header_value_valid)
+
+    def filter(self, mask: np.ndarray) -> ViewColumns:
+        """The rows where ``mask`` is True (Arrow's ``filter`` does not take views yet)."""
+        counts = np.diff(self.header_offsets)
+        hmask = np.repeat(mask, counts)
+        header_offsets = np.zeros(int(np.count_nonzero(mask)) + 1, dtype=np.int32)
+        np.cumsum(counts[mask], out=header_offsets[1:])
+
+        def rows(views: np.ndarray, keep: np.ndarray) -> np.ndarray:
+            return views.reshape(-1, 16)[keep].reshape(-1)
+
+        return ViewColumns(
+            offsets=self.offsets[mask], timestamps=self.timestamps[mask],
+            key_views=rows(self.key_views, mask), key_valid=self.key_valid[mask],
+            value_views=rows(self.value_views, mask), value_valid=self.value_valid[mask],
+            header_offsets=header_offsets,
+            header_key_views=rows(self.header_key_views, hmask),
+            header_value_views=rows(self.header_value_views, hmask),
+            header_value_valid=self.header_value_valid[hmask], buffers=self.buffers,
+        )

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from fsspec_kbs.format import kernels as k
-from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 
 _MESSAGES = {
     k.E_VARINT: "malformed varint (longer than 10 bytes or cut off)",
@@ -125,6 +125,68 @@ class ColumnsBuilder:
         self.records = self.headers = 0
         self._used[:] = 0
         return c
+
+
+class ViewsBuilder:
+    """Decodes batches into one :class:`ViewColumns` of at most ``capacity`` records.
+
+    Each batch is checked and its views written on :meth:`add`, right after it was
+    decompressed: with nothing to copy, the cost is reading each record's varints, which
+    are still in cache then (a second pass over a multi-MB chunk would miss on every
+    record). ``scan`` and ``fill`` are the kernels to use (tests pass the interpreted ones).
+    """
+
+    def __init__(self, capacity: int, scan: Callable = k.scan_records, fill: Callable = k.fill_views) -> None:
+        self._scan = scan
+        self._fill = fill
+        e = empty_array
+        n = capacity
+        self._offsets, self._timestamps = e(n, np.int64), e(n, np.int64)
+        self._key_views, self._key_valid = e(16 * n, np.uint8), e(n, np.bool_)
+        self._value_views, self._value_valid = e(16 * n, np.uint8), e(n, np.bool_)
+        self._header_offsets = e(n + 1, np.int32)
+        self._header_offsets[0] = 0
+        self._headers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per batch
+        self._buffers: list[np.ndarray] = []
+        self.records = 0
+
+    def add(self, p: Payload) -> None:
+        """Check one batch and write its views (raises :class:`RecordDecodeError`)."""
+        index = len(self._buffers)
+        code, pos, _kb, _vb, nh, _hkb, _hvb = self._scan(p.data, 0, len(p.data), p.count, p.base_offset)
+        if code != k.OK:
+            raise RecordDecodeError(index, code, pos)
+        row = self.records
+        if row + p.count > len(self._offsets):
+            raise ValueError(f"batch {index} holds more records than the {len(self._offsets)} announced")
+        if int(self._header_offsets[row]) + nh >= 2**31:
+            raise ValueError("more than 2^31 headers in one chunk; read smaller chunks")
+        hkv, hvv, hvalid = empty_array(16 * nh, np.uint8), empty_array(16 * nh, np.uint8), empty_array(nh, np.bool_)
+        self._fill(
+            p.data, index, p.count, p.base_offset, row, 0, self._offsets, self._timestamps,
+            self._key_views.view(np.int32), self._key_valid, self._value_views.view(np.int32), self._value_valid,
+            self._header_offsets, hkv.view(np.int32), hvv.view(np.int32), hvalid,
+        )
+        self._headers.append((hkv, hvv, hvalid))
+        self._buffers.append(p.data)
+        self.records = row + p.count
+
+    def finish(self) -> ViewColumns:
+        """The rows of every batch added (call once)."""
+        n = self.records
+
+        def joined(i: int) -> np.ndarray:
+            parts = [h[i] for h in self._headers]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else empty_array(0, np.uint8)
+
+        return ViewColumns(
+            offsets=self._offsets[:n], timestamps=self._timestamps[:n],
+            key_views=self._key_views[: 16 * n], key_valid=self._key_valid[:n],
+            value_views=self._value_views[: 16 * n], value_valid=self._value_valid[:n],
+            header_offsets=self._header_offsets[: n + 1], header_key_views=joined(0),
+            header_value_views=joined(1), header_value_valid=joined(2).astype(np.bool_, copy=False),
+            buffers=self._buffers,
+        )
 
 
 def decode_payloads(payloads: Sequence[Payload]) -> RecordColumns:

@@ -22,12 +22,13 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.format.checksums import crc32, crc64_xz
 from fsspec_kbs.format.codecs import Codec, codec_from_code, compress, decompress
-from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.records import (
     ColumnsBuilder,
     EncodedBatch,
     Payload,
     RecordDecodeError,
+    ViewsBuilder,
     as_uint8,
 )
 
@@ -307,14 +308,15 @@ class SegmentReader:
             raise e.located(self.path or "<segment>", info.position) from e
         return Payload(as_uint8(raw), info.base_offset, info.record_count)
 
-    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024,
-                     threads: int | None = None) -> Iterator[RecordColumns]:
+    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024, threads: int | None = None,
+                     views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``.
 
         With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to that many chunks are
         decoded ahead on a shared pool: decompression and the record kernels release the GIL,
         so one large segment uses every core while only it (compressed) and a few chunks are
-        in memory. Chunks are still yielded, checked and failed in order.
+        in memory. Chunks are still yielded, checked and failed in order. With ``views``
+        the chunks are :class:`ViewColumns` (no copy of the record data).
         """
         batches = self.batches()
         groups: list[list[BatchInfo]] = [[]]
@@ -332,7 +334,7 @@ class SegmentReader:
         prev_last = -1
         if threads <= 1 or len(groups) < 2:
             for group in groups:
-                cols = self._decode(group)
+                cols = self._decode(group, views)
                 prev_last = self._check_order(group, cols, prev_last)
                 yield cols
         else:
@@ -341,14 +343,14 @@ class SegmentReader:
             it = iter(groups)
             try:
                 for group in it:
-                    pending.append((group, pool.submit(self._decode, group)))
+                    pending.append((group, pool.submit(self._decode, group, views)))
                     if len(pending) >= threads:
                         break
                 while pending:
                     group, fut = pending.popleft()
                     cols = fut.result()
                     for nxt in it:
-                        pending.append((nxt, pool.submit(self._decode, nxt)))
+                        pending.append((nxt, pool.submit(self._decode, nxt, views)))
                         break
                     prev_last = self._check_order(group, cols, prev_last)
                     yield cols
@@ -367,11 +369,11 @@ class SegmentReader:
         chunks = list(self.iter_columns(max_chunk_bytes=2**62))
         return chunks[0] if chunks else None
 
-    def _decode(self, group: Sequence[BatchInfo]) -> RecordColumns:
+    def _decode(self, group: Sequence[BatchInfo], views: bool = False) -> RecordColumns | ViewColumns:
         # Each batch is checked right after it is decompressed (while in cache); the copy into
         # exact-size arrays follows once the group's sizes are known. A group's decompressed
         # batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
-        builder = ColumnsBuilder()
+        builder = ViewsBuilder(sum(i.record_count for i in group)) if views else ColumnsBuilder()
         try:
             for info in group:
                 builder.add(self.payload(info))
@@ -385,7 +387,7 @@ class SegmentReader:
                 extra = f" (byte {e.position} of its decompressed records)"
             raise RecordFormatError(f"batch {info.index}{extra}: {e.reason}", self.path, where) from e
 
-    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns, prev_last: int) -> int:
+    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
         row = 0
         for info in group:
             if info.base_offset <= prev_last:

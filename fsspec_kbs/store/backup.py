@@ -24,6 +24,7 @@ from fsspec_kbs.format import (
     SegmentFooter,
     SegmentHeader,
     SegmentReader,
+    ViewColumns,
 )
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
@@ -315,8 +316,12 @@ class KbsBackup:
     stream_min_bytes: int = STREAM_MIN_BYTES
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False) -> Iterator[RecordColumns]:
+                     max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False,
+                     views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode one segment in chunks, cross-checked against what the manifest says of it.
+
+        With ``views`` the chunks are :class:`~fsspec_kbs.format.ViewColumns`: Arrow views into
+        the decompressed batches, no copy of the record data.
 
         Segments of at least :attr:`stream_min_bytes` are streamed: only the chunk being
         decoded is in memory, every batch CRC-32 is checked before its batch is decoded and
@@ -327,7 +332,7 @@ class KbsBackup:
         size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
         if size < self.stream_min_bytes:
             yield from self._cross_checked(ref, self.open_segment(ref, verify_checksums, batch_crc=batch_crc)
-                                           .iter_columns(max_chunk_bytes))
+                                           .iter_columns(max_chunk_bytes, views=views))
             return
         try:
             try:
@@ -341,7 +346,7 @@ class KbsBackup:
                 check_size(ref, size)
                 stream = SegmentStream(f, size, ref.path, verify_checksums)
                 self._check_crc64(ref, stream.header.checksum)
-                yield from self._cross_checked(ref, stream.iter_columns(max_chunk_bytes))
+                yield from self._cross_checked(ref, stream.iter_columns(max_chunk_bytes, views=views))
         except SegmentFormatError as err:
             # Rare path: read the segment whole so the error is exactly the one of small segments
             # (SegmentReader checks the CRC-64 first and names the most specific defect).
@@ -362,7 +367,7 @@ class KbsBackup:
                 f"header CRC-64 {header_crc} differs from the manifest's {ref.crc64} "
                 "(the segment was replaced after the manifest was written)", ref.path, 24)
 
-    def _cross_checked(self, ref: SegmentRef, chunks: Iterator[RecordColumns]) -> Iterator[RecordColumns]:
+    def _cross_checked(self, ref: SegmentRef, chunks: Iterator[Any]) -> Iterator[Any]:
         count = 0
         first = last = None
         for cols in chunks:

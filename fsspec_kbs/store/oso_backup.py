@@ -289,8 +289,12 @@ class OsoBackup(KbsBackup):
         return seg
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
-        """Decode one segment in chunks of about ``max_chunk_bytes`` of record data."""
+                     max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False) -> Iterator[RecordColumns]:
+        """Decode one segment in chunks of about ``max_chunk_bytes`` of record data.
+
+        ``views`` is accepted for the common interface; OSO records are always copied (the
+        Arrow layer turns them into views when asked).
+        """
         yield from self.open_segment(ref, verify_checksums).iter_columns(max_chunk_bytes)
 
     # -- checking --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from fsspec_kbs.errors import (
 from fsspec_kbs.format import segment as seg
 from fsspec_kbs.format.checksums import crc32, crc64_xz
 from fsspec_kbs.format.codecs import Codec, decompress
-from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.records import Payload, as_uint8
 from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
@@ -175,13 +175,14 @@ class SegmentStream:
             raise SegmentMismatchError(
                 f"header first offset {h.first_offset} but the first batch starts at 0", self.path, 8)
 
-    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024,
-                     threads: int | None = None) -> Iterator[RecordColumns]:
+    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024, threads: int | None = None,
+                     views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode in chunks of whole batches of about ``max_chunk_bytes`` (uncompressed).
 
         With ``threads`` > 1 (default as :meth:`SegmentReader.iter_columns`) the next chunk
         is read while the ones before it are decoded on the shared decode pool; chunks are
-        still yielded, checked and failed in order.
+        still yielded, checked and failed in order. ``views`` as for
+        :meth:`SegmentReader.iter_columns`.
         """
         if threads is None:
             threads = getattr(seg._local, "threads", None) or seg.DECODE_THREADS
@@ -197,11 +198,11 @@ class SegmentStream:
                             f"header first offset {self.header.first_offset} but the first batch starts at "
                             f"{group[0].base_offset}", self.path, 8)
                 if threads <= 1:
-                    cols = chunk._decode(group)
+                    cols = chunk._decode(group, views)
                     prev_last = chunk._check_order(group, cols, prev_last)
                     yield cols
                     continue
-                pending.append((chunk, group, seg._decode_pool().submit(chunk._decode, group)))
+                pending.append((chunk, group, seg._decode_pool().submit(chunk._decode, group, views)))
                 del chunk
                 if len(pending) >= threads:
                     done, dgroup, fut = pending.popleft()
