@@ -1,7 +1,7 @@
 """fsspec-kbs: Kafka backups (KBS format) on any fsspec URL, as Arrow tables and pandas frames."""
 
 from fsspec_kbs.api import open_reader, read_pandas, read_table, write_batches, write_table
-from fsspec_kbs.arrow.schema import KAFKA_SCHEMA
+from fsspec_kbs.arrow.schema import KAFKA_SCHEMA, KAFKA_VIEW_SCHEMA
 from fsspec_kbs.convert import convert_backup
 from fsspec_kbs.dataset import KbsDataset, KbsScanner
 from fsspec_kbs.errors import (
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KAFKA_SCHEMA",
+    "KAFKA_VIEW_SCHEMA",
     "BackupNotFoundError",
     "BackupWriter",
     "ChecksumError",

@@ -321,6 +321,8 @@ def fill_views(  # type: ignore[no-untyped-def]
 
     ``header_offsets[row]`` must hold the running header count.
     """
+    # The same walk as fill_records, on purpose: moving its offset/timestamp part into a
+    # shared inline helper made both kernels ~30 ns per record slower (numba 0.68).
     pos = 0
     ts = 0
     for i in range(count):

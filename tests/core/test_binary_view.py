@@ -116,3 +116,13 @@ def test_filter_keeps_the_right_rows_and_headers() -> None:
     got.validate(full=True)
     want = columns_to_batch(cols, "t", 0).filter(pa.array(mask))
     assert got.cast(want.schema).equals(want)
+
+
+def test_example_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "zero_copy_views.py"
+    res = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "binary_view=True   200000 rows" in res.stdout
