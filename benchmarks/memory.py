@@ -40,9 +40,9 @@ ds = KbsDataset.open(sys.argv[1])
 t0 = time.perf_counter()
 rows = 0
 data = 0
-for batch in ds.to_batches(use_threads=sys.argv[2] == "1"):
+for batch in ds.to_batches(use_threads=sys.argv[2] == "1", binary_view=sys.argv[3] == "1"):
     rows += batch.num_rows
-    data += batch.column("value").buffers()[2].size if batch.num_rows else 0
+    data += batch.column("value").nbytes if batch.num_rows else 0
 elapsed = time.perf_counter() - t0
 print(json.dumps({"rows": rows, "value_bytes": data, "seconds": elapsed,
                   "rss_after_import": base, "peak_rss": status("VmHWM")}))
@@ -65,8 +65,8 @@ def build(root: Path, gb: float) -> tuple[Path, int]:
     return url, parts * per
 
 
-def measure(url: Path, threads: bool) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _READER, str(url), "1" if threads else "0"],
+def measure(url: Path, threads: bool, views: bool = False) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", _READER, str(url), "1" if threads else "0", "1" if views else "0"],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -82,16 +82,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kbs-mem-", dir=args.dir) as tmp:
         url, record_bytes = build(Path(tmp), args.gb)
-        for threads in (True, False):
-            r = measure(url, threads)
-            label = "thread pool" if threads else "1 thread"
+        for threads, views in ((True, False), (False, False), (True, True)):
+            r = measure(url, threads, views)
+            label = ("thread pool" if threads else "1 thread") + (", binary_view" if views else "")
             print(f"[{label}] {r['rows']} rows, {record_bytes / 1e9:.2f} GB of records in {r['seconds']:.1f} s "
                   f"({record_bytes / r['seconds'] / MB:.0f} MB/s); RSS after imports "
                   f"{r['rss_after_import'] / MB:.0f} MB")
             row = report(f"peak RSS streaming {record_bytes / 1e9:.1f} GB ({label})", r["peak_rss"] / MB,
                          unit="MB")
             row.update(target=TARGET_RSS_MB, meets_target=r["peak_rss"] / MB < TARGET_RSS_MB,
-                       threads=threads, record_bytes=record_bytes, **r)
+                       threads=threads, binary_view=views, record_bytes=record_bytes, **r)
             print(f"{'':<58} target < {TARGET_RSS_MB} MB: "
                   f"{'ok' if row['meets_target'] else 'MISSED'}")
             rows.append(row)

@@ -35,6 +35,8 @@ def plot(path: Path = PLOT) -> Path | None:
         ax.plot(x, [r["zstd_MBps"] for r in rd], "k--o", label="raw zstd decompression (1 thread)")
         ax.plot(x, [r["decode_MBps"] for r in rd], "b-o", label="decode -> Arrow, CRC on (1 thread)")
         ax.plot(x, [r["scan_threads_MBps"] for r in rd], "g-o", label="dataset scan, thread pool (2 cores)")
+        if all("decode_view_MBps" in r for r in rd):
+            ax.plot(x, [r["decode_view_MBps"] for r in rd], "c-^", label="decode -> binary_view, CRC on (1 thread)")
     if wr:
         x = [r["mean_record_bytes"] for r in wr]
         ax.plot(x, [r["zstd3_MBps"] for r in wr], "k:s", label="raw zstd-3 compression (1 thread)")
