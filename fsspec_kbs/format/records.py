@@ -127,13 +127,18 @@ class ColumnsBuilder:
         return c
 
 
+#: The smallest encoded record: five one-byte varints (offset and time deltas, null key,
+#: null value, no headers). A batch of ``n`` bytes holds at most ``n // 5`` records.
+MIN_RECORD_BYTES = 5
+
+
 class ViewsBuilder:
     """Decodes batches into one :class:`ViewColumns` of at most ``capacity`` records.
 
     Each batch is checked and its views written on :meth:`add`, right after it was
-    decompressed: with nothing to copy, the cost is reading each record's varints, which
-    are still in cache then (a second pass over a multi-MB chunk would miss on every
-    record). ``scan`` and ``fill`` are the kernels to use (tests pass the interpreted ones).
+    decompressed (no sizes are needed up front: a view is 16 bytes whatever the field; header
+    views are sized per batch by its scan). ``scan`` and ``fill`` are the kernels to use
+    (tests pass the interpreted ones).
     """
 
     def __init__(self, capacity: int, scan: Callable = k.scan_records, fill: Callable = k.fill_views) -> None:

@@ -24,6 +24,7 @@ from fsspec_kbs.format.checksums import crc32, crc64_xz
 from fsspec_kbs.format.codecs import Codec, codec_from_code, compress, decompress
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.records import (
+    MIN_RECORD_BYTES,
     ColumnsBuilder,
     EncodedBatch,
     Payload,
@@ -373,7 +374,13 @@ class SegmentReader:
         # Each batch is checked right after it is decompressed (while in cache); the copy into
         # exact-size arrays follows once the group's sizes are known. A group's decompressed
         # batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
-        builder = ViewsBuilder(sum(i.record_count for i in group)) if views else ColumnsBuilder()
+        if views:
+            # Sized before anything is checked: bound a corrupt record count by what the batch
+            # can hold (the scan then rejects it) instead of allocating for it.
+            builder: ColumnsBuilder | ViewsBuilder = ViewsBuilder(
+                sum(min(i.record_count, i.uncompressed_size // MIN_RECORD_BYTES) for i in group))
+        else:
+            builder = ColumnsBuilder()
         try:
             for info in group:
                 builder.add(self.payload(info))

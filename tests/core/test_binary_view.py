@@ -126,3 +126,20 @@ def test_example_runs(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "binary_view=True   200000 rows" in res.stdout
+
+
+def test_huge_record_count_is_an_error_not_an_allocation() -> None:
+    """With checks off, a batch claiming 2^32-1 records is rejected by the scan; the views
+    decoder sizes its arrays by what the batch can hold, not by the claim."""
+    import struct
+
+    from fsspec_kbs.errors import RecordFormatError
+    from fsspec_kbs.format.segment import HEADER_SIZE
+
+    data, _ = encode_segment(encode_batches(_cols(10, 1), 100_000), Codec.ZSTD)
+    bad = bytearray(data)
+    struct.pack_into("<Q", bad, 16, 2**32 - 1)  # segment header record count
+    struct.pack_into("<I", bad, HEADER_SIZE + 8, 2**32 - 1)  # the batch's record count
+    for views in (False, True):
+        with pytest.raises(RecordFormatError, match="x.kbs"):
+            list(SegmentReader(bytes(bad), "x.kbs", verify_checksums=False).iter_columns(views=views))
