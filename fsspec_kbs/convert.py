@@ -16,7 +16,6 @@ it), where the tool would have written an empty value. That keeps KBS -> oso -> 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from fsspec_kbs.format.oso import (
 )
 from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import resolve
-from fsspec_kbs.store.commit import put_atomic, put_file
+from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
 from fsspec_kbs.store.names import (
     MANIFEST,
     TOPICS_DIR,
@@ -230,9 +229,7 @@ class OsoBackupWriter:
         if self._closed:
             return
         self._closed = True
-        for path in self._written:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(path)
+        remove_files(self.fs, self._written)
 
     def _check_open(self) -> None:
         if self._closed:

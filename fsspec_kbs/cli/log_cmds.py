@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from fsspec_kbs.cli.common import (
     storage_options_option,
 )
 from fsspec_kbs.errors import KbsError
+from fsspec_kbs.tools.units import parse_duration, parse_size
 
 
 def _to_storage_options(fn: Any) -> Any:
@@ -26,26 +28,18 @@ def _to_storage_options(fn: Any) -> Any:
                         help="fsspec storage options for the --to URL as one JSON object")(fn)
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from fsspec_kbs.tools.units import parse_duration
+def _parsed(parse: Callable[[str], int]) -> Callable[[click.Context, click.Parameter, str | None], int | None]:
+    """A click callback turning the option's text into ``parse(text)``; its ValueError is a usage error."""
 
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from e
 
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from fsspec_kbs.tools.units import parse_size
-
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
+    return callback
 
 
 def _show_warnings(caught: list[warnings.WarningMessage]) -> None:
@@ -113,7 +107,7 @@ def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, stora
 @click.option("--to", "to_url", required=True, help="Backup directory to create.")
 @storage_options_option
 @_to_storage_options
-@click.option("--delete-retention", callback=_duration, metavar="DURATION",
+@click.option("--delete-retention", callback=_parsed(parse_duration), metavar="DURATION",
               help="Drop tombstones older than this (e.g. 1d, 12h, 86400000), measured back from the "
                    "partition's newest timestamp. Default: keep tombstones.")
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), help="Default: the source's.")
@@ -152,9 +146,9 @@ def compact_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_opt
 @click.option("--to", "to_url", required=True, help="Backup directory to create.")
 @storage_options_option
 @_to_storage_options
-@click.option("--max-age", callback=_duration, metavar="DURATION",
+@click.option("--max-age", callback=_parsed(parse_duration), metavar="DURATION",
               help="Drop leading segments whose newest record is older than this (e.g. 7d).")
-@click.option("--max-bytes", callback=_size, metavar="SIZE",
+@click.option("--max-bytes", callback=_parsed(parse_size), metavar="SIZE",
               help="Per partition, drop leading segments while the rest stays at or above this (e.g. 10GiB).")
 @click.option("--now", help="Reference time for --max-age (Unix ms or ISO 8601); default: the backup's "
                             "latest timestamp.")

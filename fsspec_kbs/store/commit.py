@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterable
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -44,3 +46,10 @@ def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 def put_file(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write a segment (or other data file); the manifest is what makes it visible."""
     put_atomic(fs, path, data)
+
+
+def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> None:
+    """Delete files a writer wrote before it gave up (no manifest names them); gone is fine."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from fsspec_kbs.format import (
 )
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
 from fsspec_kbs.store.backup import KbsBackup, resolve
-from fsspec_kbs.store.commit import put_atomic, put_file
+from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
@@ -353,9 +352,7 @@ class BackupWriter:
         if self._closed:
             return
         self._closed = True
-        for w in self._written:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(w.path)
+        remove_files(self.fs, [w.path for w in self._written])
 
     def _check_open(self) -> None:
         if self._closed:

@@ -17,7 +17,6 @@ atomic put, so a reader sees either no backup or the whole retained one.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from fsspec_kbs.errors import CommitConflictError, KbsError
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format import SegmentReader
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
-from fsspec_kbs.store.commit import put_atomic, put_file
+from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
@@ -222,9 +221,7 @@ def retain_backup(
         manifest = _manifest(backup, backup_id, topics, uncompressed, report)
         put_atomic(fs, mpath, manifest.to_json())
     except BaseException:
-        for p in written:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(p)
+        remove_files(fs, written)
         raise
     return report
 
