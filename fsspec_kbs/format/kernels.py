@@ -3,6 +3,10 @@
 The very same functions run un-compiled when numba is missing or ``FSSPEC_KBS_NO_JIT=1``;
 tests compare both paths. Every kernel is written so that the scan pass proves all reads are
 in bounds before the fill pass copies anything (the fill pass does no checks).
+
+Kernels allocate nothing (callers pass every output array), so they are compiled without
+numba's runtime: with it, each array handed to a helper such as :func:`read_varint` was
+reference-counted with atomic increments, ~65 ns per record, four times the record walk.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ if os.environ.get("FSSPEC_KBS_NO_JIT", "") not in ("1", "true", "yes"):
     try:
         import numba
 
+        # ``_nrt=False``: no reference counting (see above); a kernel that allocated would
+        # fail to compile, not run slowly.
+        _OPTIONS = {"cache": True, "nogil": True, "_nrt": False}
+
         def kernel(fn):  # type: ignore[no-redef,no-untyped-def]
-            return numba.njit(cache=True, nogil=True)(fn)
+            return numba.njit(**_OPTIONS)(fn)
 
         def inline_kernel(fn):  # type: ignore[no-redef,no-untyped-def]
-            return numba.njit(cache=True, nogil=True, inline="always")(fn)
+            return numba.njit(inline="always", **_OPTIONS)(fn)
 
         JIT_ENABLED = True
     except ImportError:  # pragma: no cover - numba is a core dependency
@@ -60,7 +68,7 @@ if JIT_ENABLED:
 
         return sig, codegen
 
-    @numba.njit(cache=True, nogil=True, inline="always")
+    @inline_kernel
     def copy_bytes(dst, d0, src, s0, n):  # type: ignore[no-redef,no-untyped-def]
         """``dst[d0:d0 + n] = src[s0:s0 + n]`` for uint8 arrays; callers guarantee the bounds."""
         if n > 0:
@@ -82,7 +90,7 @@ _LOW63 = 0x7FFFFFFFFFFFFFFF
 _LOW57 = 0x01FFFFFFFFFFFFFF
 
 
-@kernel
+@inline_kernel
 def read_varint(buf, pos, end):  # type: ignore[no-untyped-def]
     """Kafka zigzag varint at ``pos``; returns (value, next pos) or (0, -1) if malformed."""
     if pos < end:
@@ -116,7 +124,7 @@ def varint_size(v):  # type: ignore[no-untyped-def]
     return n
 
 
-@kernel
+@inline_kernel
 def write_varint(out, pos, v):  # type: ignore[no-untyped-def]
     v = int(v)
     zz = (v << 1) ^ (v >> 63)
@@ -384,16 +392,15 @@ def plan_batches(  # type: ignore[no-untyped-def]
     offsets, timestamps,
     key_offsets, key_valid, value_offsets, value_valid,
     header_offsets, hkey_offsets, hvalue_offsets, hvalue_valid,
-    max_bytes, max_records,
+    max_bytes, max_records, cuts, sizes,
 ):
     """Greedy cut of rows into batches of at most ``max_bytes`` encoded bytes.
 
-    Returns (cuts, sizes): batch ``b`` holds rows ``cuts[b]:cuts[b + 1]`` and encodes to
+    Fills ``cuts`` and ``sizes`` (int64, ``len(offsets) + 1`` each) and returns the number
+    of batches ``nb``: batch ``b`` holds rows ``cuts[b]:cuts[b + 1]`` and encodes to
     ``sizes[b]`` bytes. A single record larger than ``max_bytes`` gets a batch of its own.
     """
     n = len(offsets)
-    cuts = np.empty(n + 1, dtype=np.int64)
-    sizes = np.empty(n + 1, dtype=np.int64)
     nb = 0
     cuts[0] = 0
     start = 0
@@ -420,7 +427,7 @@ def plan_batches(  # type: ignore[no-untyped-def]
         sizes[nb] = cur
         nb += 1
         cuts[nb] = n
-    return cuts[: nb + 1], sizes[:nb]
+    return nb
 
 
 @kernel

@@ -222,12 +222,15 @@ def encode_batches(cols: RecordColumns, max_bytes: int, max_records: int = 2**31
     """
     if len(cols) == 0:
         return []
-    cuts, sizes = k.plan_batches(
+    cuts = np.empty(len(cols) + 1, dtype=np.int64)
+    sizes = np.empty(len(cols) + 1, dtype=np.int64)
+    nb = k.plan_batches(
         cols.offsets, cols.timestamps,
         cols.key_offsets, cols.key_valid, cols.value_offsets, cols.value_valid,
         cols.header_offsets, cols.header_key_offsets, cols.header_value_offsets,
-        cols.header_value_valid, max_bytes, max_records,
+        cols.header_value_valid, max_bytes, max_records, cuts, sizes,
     )
+    sizes = sizes[:nb]
     out = []
     for b in range(len(sizes)):
         r0, r1 = int(cuts[b]), int(cuts[b + 1])
