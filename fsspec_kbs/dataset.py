@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from fsspec_kbs.arrow.convert import columns_to_batch
+from fsspec_kbs.arrow.convert import bool_mask, columns_to_batch
 from fsspec_kbs.arrow.schema import COLUMNS, project
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
 from fsspec_kbs.format import ViewColumns
@@ -189,7 +189,7 @@ class KbsScanner:
                 cols, mask = cols.filter(mask), None
             batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path, views=views)
             if mask is not None:
-                batch = batch.filter(pa.array(mask))
+                batch = batch.filter(bool_mask(mask))
             if self.expression is not None:
                 batch = batch.filter(self.expression).select(self.columns)
                 if self.views:

@@ -14,6 +14,21 @@ from fsspec_kbs.errors import RecordFormatError
 from fsspec_kbs.format import RecordColumns, ViewColumns
 
 
+def numpy_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A fixed-width numpy array as Arrow, sharing its memory.
+
+    ``pa.array(ndarray)`` would do, but it imports pandas on first use (~40 MB of RSS and a
+    second or so) even when nothing else needs it.
+    """
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
+def bool_mask(mask: np.ndarray) -> pa.Array:
+    """A numpy bool mask as an Arrow boolean array (for ``filter``), without importing pandas."""
+    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(np.packbits(mask, bitorder="little"))])
+
+
 def _validity(valid: np.ndarray) -> tuple[pa.Buffer | None, int]:
     nulls = len(valid) - int(np.count_nonzero(valid))
     if nulls == 0:
@@ -92,14 +107,13 @@ def columns_to_batch(cols: RecordColumns | ViewColumns, topic: str, partition: i
         elif name == "topic":
             arrays.append(_repeat_string(topic, n))
         elif name == "partition":
-            arrays.append(pa.array(np.full(n, partition, dtype=np.int32)))
+            arrays.append(numpy_array(np.full(n, partition, dtype=np.int32), pa.int32()))
         elif name == "offset":
-            arrays.append(pa.array(cols.offsets))
+            arrays.append(numpy_array(cols.offsets, pa.int64()))
         elif name == "timestamp":
-            arrays.append(pa.Array.from_buffers(KAFKA_SCHEMA.field("timestamp").type, n,
-                                                [None, pa.py_buffer(np.ascontiguousarray(cols.timestamps))]))
+            arrays.append(numpy_array(cols.timestamps, KAFKA_SCHEMA.field("timestamp").type))
         elif name == "timestampType":
-            arrays.append(pa.array(np.zeros(n, dtype=np.int32)))
+            arrays.append(numpy_array(np.zeros(n, dtype=np.int32), pa.int32()))
         else:
             headers = headers_array(cols, path)
             if views and not isinstance(cols, ViewColumns):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fsspec_kbs.arrow.convert import columns_to_batch
+from fsspec_kbs.arrow.convert import bool_mask, columns_to_batch, numpy_array
 from fsspec_kbs.arrow.schema import project
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format.kafka_log import DEFAULT_MAX_UNCOMPRESSED, TIMESTAMP_TYPE_NAMES, KafkaColumns
@@ -57,7 +57,7 @@ def _to_batch(kc: KafkaColumns, part: LogPartition, columns: list[str] | None, p
     if "timestampType" in batch.schema.names:
         # The KBS converter has no timestamp type to offer; a Kafka log has the real one.
         i = batch.schema.get_field_index("timestampType")
-        batch = batch.set_column(i, batch.schema.field(i), pa.array(kc.timestamp_types.astype(np.int32)))
+        batch = batch.set_column(i, batch.schema.field(i), numpy_array(kc.timestamp_types.astype(np.int32), pa.int32()))
     return batch
 
 
@@ -107,7 +107,7 @@ class KafkaLogScan:
             batch = _to_batch(kc, part, self.columns, part.path)
             mask = _row_mask(kc, self.start_offset, self.end_offset, self.start_time, self.end_time)
             if mask is not None:
-                batch = batch.filter(pa.array(mask))
+                batch = batch.filter(bool_mask(mask))
             if batch.num_rows:
                 yield batch
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from fsspec_kbs.arrow import COLUMNS, columns_to_batch
+from fsspec_kbs.arrow.convert import bool_mask
 from fsspec_kbs.arrow.schema import HEADER_TYPE, project
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import KbsError
@@ -134,7 +135,7 @@ class KbsReader(DataSourceReader):
             mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
             batch = columns_to_batch(cols, ref.topic, ref.partition, self.columns, ref.path)
             if mask is not None:
-                batch = batch.filter(pa.array(mask))
+                batch = batch.filter(bool_mask(mask))
             if batch.num_rows:
                 yield batch.cast(target)
 

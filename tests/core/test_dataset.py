@@ -112,3 +112,20 @@ def test_empty_result_keeps_schema(url: str) -> None:
     t = fsspec_kbs.read_table(url, topics="missing-topic")
     assert t.num_rows == 0 and t.schema == fsspec_kbs.KAFKA_SCHEMA
     assert isinstance(fsspec_kbs.open_reader(url, topics="missing-topic"), pa.RecordBatchReader)
+
+
+def test_reading_does_not_import_pandas(url: str) -> None:
+    """Importing pandas costs a reader ~35 MB of RSS; Arrow output must not pull it in."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fsspec_kbs\n"
+        f"url = {url!r}\n"
+        "n = fsspec_kbs.read_table(url, start_offset=10).num_rows\n"
+        "n += sum(b.num_rows for b in fsspec_kbs.KbsDataset.open(url).to_batches(binary_view=True))\n"
+        "print(n, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    rows, pandas_loaded = out.stdout.split()
+    assert int(rows) > 0 and pandas_loaded == "False"
