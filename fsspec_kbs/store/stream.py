@@ -204,7 +204,7 @@ class SegmentStream:
                     continue
                 pending.append((chunk, group, seg._decode_pool().submit(chunk._decode, group, views)))
                 del chunk
-                if len(pending) >= threads:
+                if len(pending) >= threads * seg.CHUNKS_AHEAD_PER_THREAD:
                     done, dgroup, fut = pending.popleft()
                     cols = fut.result()
                     prev_last = done._check_order(dgroup, cols, prev_last)
