@@ -157,6 +157,17 @@ def test_decompress_refuses_size_lies() -> None:
         decompress(Codec.LZ4, lz4.frame.compress(b"y" * 1000, store_size=False), 10)
     with pytest.raises(DecompressionError):
         decompress(Codec.LZ4, lz4.frame.compress(b"y" * 1000)[:-5], 1000)
+    frame = lz4.frame.compress(bytes(range(256)) * 40)
+    with pytest.raises(DecompressionError, match="more than the declared 100 bytes"):
+        decompress(Codec.LZ4, frame, 100)
+    with pytest.raises(DecompressionError, match="decompressed to 10240 bytes but the batch header says 10245"):
+        decompress(Codec.LZ4, frame, 10245)
+    with pytest.raises(DecompressionError):
+        decompress(Codec.LZ4, frame + b"xyz", 10240)
+    for data in (b"", bytes(range(256)) * 40):  # with and without the content size in the frame
+        for store_size in (True, False):
+            out = decompress(Codec.LZ4, memoryview(lz4.frame.compress(data, store_size=store_size)), len(data))
+            assert bytes(out) == data
 
 
 def test_fallback_kernels_agree_with_jit() -> None:
