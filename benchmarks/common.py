@@ -109,6 +109,8 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    from importlib.metadata import version
+
     import lz4
     import numba
     import pyarrow
@@ -122,6 +124,8 @@ def machine() -> dict[str, Any]:
         "pyarrow": pyarrow.__version__,
         "zstandard": zstandard.__version__,
         "lz4": lz4.__version__,
+        "cramjam": version("cramjam"),  # lz4 decompression
+        "fastcrc": version("fastcrc"),
         "load_avg_at_start": os.getloadavg()[0],
     }
 

@@ -389,7 +389,7 @@ def encode_oso_records(  # type: ignore[no-untyped-def]
             a = key_offsets[r]
             ln = key_offsets[r + 1] - a
             p = _put(out, p, ln, 4)
-            out[p : p + ln] = key_data[a : a + ln]
+            copy_bytes(out, p, key_data, a, ln)
             p += ln
         else:
             p = _put(out, p, -1, 4)
@@ -397,7 +397,7 @@ def encode_oso_records(  # type: ignore[no-untyped-def]
             a = value_offsets[r]
             ln = value_offsets[r + 1] - a
             p = _put(out, p, ln, 4)
-            out[p : p + ln] = value_data[a : a + ln]
+            copy_bytes(out, p, value_data, a, ln)
             p += ln
         else:
             p = _put(out, p, -1, 4)
@@ -408,13 +408,13 @@ def encode_oso_records(  # type: ignore[no-untyped-def]
             a = hkey_offsets[h]
             ln = hkey_offsets[h + 1] - a
             p = _put(out, p, ln, 2)
-            out[p : p + ln] = hkey_data[a : a + ln]
+            copy_bytes(out, p, hkey_data, a, ln)
             p += ln
             if hvalue_valid[h]:
                 a = hvalue_offsets[h]
                 ln = hvalue_offsets[h + 1] - a
                 p = _put(out, p, ln, 4)
-                out[p : p + ln] = hvalue_data[a : a + ln]
+                copy_bytes(out, p, hvalue_data, a, ln)
                 p += ln
             else:
                 p = _put(out, p, -1, 4)
