@@ -318,9 +318,9 @@ class SegmentReader:
         """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``.
 
         With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to ``threads *``
-        :data:`CHUNKS_AHEAD_PER_THREAD` chunks are decoded ahead on a shared pool: decompression and the record kernels release the GIL,
-        so one large segment uses every core while only it (compressed) and a few chunks are
-        in memory. Chunks are still yielded, checked and failed in order. With ``views``
+        :data:`CHUNKS_AHEAD_PER_THREAD` chunks are decoded ahead on a shared pool:
+        decompression, the CRCs and the record kernels release the GIL, so one large segment
+        uses every core while only it (compressed) and a few chunks are in memory. Chunks are still yielded, checked and failed in order. With ``views``
         the chunks are :class:`ViewColumns` (no copy of the record data).
         """
         batches = self.batches()
