@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import fsspec_kbs
 from fsspec_kbs.dataset import KbsDataset, ordered_stream
 from fsspec_kbs.errors import KbsError
-from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format import RecordColumns, ViewColumns
 from fsspec_kbs.format import kernels as k
 from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.records import (
@@ -86,24 +86,27 @@ def _mutate(rng: np.random.Generator, p: Payload) -> Payload:
     return Payload(np.frombuffer(bytes(data), np.uint8), p.base_offset, p.count)
 
 
+def _decoded(builder: ColumnsBuilder | ViewsBuilder, p: Payload, digest: Callable) -> tuple:
+    """("ok", ``digest`` of the decoded columns) or ("error", code, position) of ``builder`` on ``p``."""
+    try:
+        builder.add(p)
+    except RecordDecodeError as e:
+        return ("error", e.code, e.position)
+    return ("ok", digest(builder.finish()))
+
+
+def _columns(fields: tuple[str, ...]) -> Callable:
+    return lambda cols: [getattr(cols, f).tolist() for f in fields]
+
+
 def _outcome(payload: Payload) -> tuple:
     """("ok", digest of every column) or ("error", code, position), via the current kernels."""
-    try:
-        cols = decode_payloads([payload])
-    except RecordDecodeError as e:
-        return ("error", e.code, e.position)
-    return ("ok", [getattr(cols, f).tolist() for f in FIELDS])
+    return _decoded(ColumnsBuilder(), payload, _columns(FIELDS))
 
 
-def _fill_py(p: Payload) -> RecordColumns | tuple:
+def _fill_py(p: Payload) -> tuple:
     """Decode with the interpreted kernels (``py_func``) in this process."""
-    b = ColumnsBuilder(scan=k.scan_records.py_func, fill=k.fill_records.py_func)
-    try:
-        b.add(p)
-    except RecordDecodeError as e:
-        return ("error", e.code, e.position)
-    cols = b.finish()
-    return ("ok", [getattr(cols, f).tolist() for f in FIELDS])
+    return _decoded(ColumnsBuilder(scan=k.scan_records.py_func, fill=k.fill_records.py_func), p, _columns(FIELDS))
 
 
 VIEW_FIELDS = ("offsets", "timestamps", "key_views", "key_valid", "value_views", "value_valid",
@@ -114,25 +117,17 @@ def _views(p: Payload, py: bool) -> tuple:
     """("ok", every view column) or ("error", code, position) of the views decoder."""
     b = (ViewsBuilder(p.count, scan=k.scan_records.py_func, fill=k.fill_views.py_func) if py
          else ViewsBuilder(p.count))
-    try:
-        b.add(p)
-    except RecordDecodeError as e:
-        return ("error", e.code, e.position)
-    cols = b.finish()
-    return ("ok", [getattr(cols, f).tolist() for f in VIEW_FIELDS])
+    return _decoded(b, p, _columns(VIEW_FIELDS))
 
 
 def _views_as_copies(p: Payload) -> tuple:
     """The views decoder's outcome in the shape of :func:`_outcome` (bytes read through Arrow)."""
     from fsspec_kbs.arrow.convert import columns_to_batch
 
-    b = ViewsBuilder(p.count)
-    try:
-        b.add(p)
-    except RecordDecodeError as e:
-        return ("error", e.code, e.position)
-    return ("ok", columns_to_batch(b.finish(), "t", 0).cast(columns_to_batch(decode_payloads([p]), "t", 0).schema)
-            .to_pylist())
+    def rows(cols: ViewColumns) -> list:
+        return columns_to_batch(cols, "t", 0).cast(columns_to_batch(decode_payloads([p]), "t", 0).schema).to_pylist()
+
+    return _decoded(ViewsBuilder(p.count), p, rows)
 
 
 def _copies(p: Payload) -> tuple:
