@@ -54,9 +54,13 @@ def _views(typ: pa.DataType, views: np.ndarray, buffers: list[pa.Buffer], valid:
                                  null_count=nulls)
 
 
-def _header_parts(cols: RecordColumns | ViewColumns) -> tuple[pa.Array, pa.Array, pa.DataType]:
+def _data_buffers(cols: RecordColumns | ViewColumns) -> list[pa.Buffer]:
+    """The decompressed batches a :class:`ViewColumns`' views point into (none for copies)."""
+    return [pa.py_buffer(b) for b in cols.buffers] if isinstance(cols, ViewColumns) else []
+
+
+def _header_parts(cols: RecordColumns | ViewColumns, bufs: list[pa.Buffer]) -> tuple[pa.Array, pa.Array, pa.DataType]:
     if isinstance(cols, ViewColumns):
-        bufs = [pa.py_buffer(b) for b in cols.buffers]
         return (_views(pa.string_view(), cols.header_key_views, bufs, None),
                 _views(pa.binary_view(), cols.header_value_views, bufs, cols.header_value_valid),
                 VIEW_HEADER_TYPE)
@@ -65,8 +69,10 @@ def _header_parts(cols: RecordColumns | ViewColumns) -> tuple[pa.Array, pa.Array
             HEADER_TYPE)
 
 
-def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None) -> pa.Array:
-    keys, values, typ = _header_parts(cols)
+def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None,
+                  bufs: list[pa.Buffer] | None = None) -> pa.Array:
+    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made."""
+    keys, values, typ = _header_parts(cols, _data_buffers(cols) if bufs is None else bufs)
     try:
         keys.validate(full=True)
     except pa.ArrowInvalid as e:
@@ -76,9 +82,8 @@ def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None) ->
                                  children=[struct])
 
 
-def _key_value(cols: RecordColumns | ViewColumns, name: str, views: bool) -> pa.Array:
+def _key_value(cols: RecordColumns | ViewColumns, name: str, views: bool, bufs: list[pa.Buffer]) -> pa.Array:
     if isinstance(cols, ViewColumns):
-        bufs = [pa.py_buffer(b) for b in cols.buffers]
         if name == "key":
             return _views(pa.binary_view(), cols.key_views, bufs, cols.key_valid)
         return _views(pa.binary_view(), cols.value_views, bufs, cols.value_valid)
@@ -100,10 +105,11 @@ def columns_to_batch(cols: RecordColumns | ViewColumns, topic: str, partition: i
     views = views or isinstance(cols, ViewColumns)
     schema = project(columns, views)
     n = len(cols)
+    bufs = _data_buffers(cols)  # once: key, value and headers all point into them
     arrays = []
     for name in schema.names:
         if name in ("key", "value"):
-            arrays.append(_key_value(cols, name, views))
+            arrays.append(_key_value(cols, name, views, bufs))
         elif name == "topic":
             arrays.append(_repeat_string(topic, n))
         elif name == "partition":
@@ -115,7 +121,7 @@ def columns_to_batch(cols: RecordColumns | ViewColumns, topic: str, partition: i
         elif name == "timestampType":
             arrays.append(numpy_array(np.zeros(n, dtype=np.int32), pa.int32()))
         else:
-            headers = headers_array(cols, path)
+            headers = headers_array(cols, path, bufs)
             if views and not isinstance(cols, ViewColumns):
                 headers = headers.cast(schema.field("headers").type)
             arrays.append(headers)
