@@ -120,7 +120,7 @@ class KbsDataset:
             keys as ``string_view``, pointing into the decompressed batches instead of copies
             of them (see :data:`~fsspec_kbs.arrow.schema.KAFKA_VIEW_SCHEMA`). Faster and the
             same memory while streaming, but a batch keeps its whole chunk's decompressed
-            batches (~4 MB) alive while any row of it is. Arrow's compute functions do not all
+            batches (~2 MB) alive while any row of it is. Arrow's compute functions do not all
             take views yet (``filter``/``take`` do not): a ``filter`` expression makes the
             scan decode copies and cast its result to views.
         """
@@ -260,31 +260,6 @@ class KbsScanner:
             else:
                 return total
         return sum(b.num_rows for b in self.to_batches())
-
-
-def ordered_map(fn: Callable[[Any], Any], items: list, workers: int, prefetch: int | None = None) -> Iterator[Any]:
-    """``map(fn, items)`` on a thread pool, in order, with at most ``prefetch`` results in flight.
-
-    Bounding the window bounds memory: a slow consumer never lets decoded segments pile up.
-    """
-    prefetch = prefetch or workers + 1
-    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read") as pool:
-        pending: deque[cf.Future] = deque()
-        it = iter(items)
-        try:
-            for item in it:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= prefetch:
-                    break
-            while pending:
-                result = pending.popleft().result()
-                for item in it:
-                    pending.append(pool.submit(fn, item))
-                    break
-                yield result
-        finally:
-            for f in pending:
-                f.cancel()
 
 
 _DONE = object()
