@@ -95,7 +95,8 @@ def decode(codec: str, files: list[Path], datas: list[bytes], verify: bool, view
         if codec == "none":  # compared with reading the files, so read them here too
             with open(f, "rb") as fh:
                 data = fh.read()
-        for cols in SegmentReader(data, str(f), verify).iter_columns(CHUNK_BYTES, threads=1, views=views):
+        reader = SegmentReader(data, str(f), verify, crc64_last=True)  # as scans read (KbsBackup.open_chunks)
+        for cols in reader.iter_columns(CHUNK_BYTES, threads=1, views=views):
             rows += columns_to_batch(cols, "bench", 0).num_rows
     return rows
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import os
-import queue
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -15,10 +12,12 @@ import pyarrow as pa
 
 from fsspec_kbs.arrow.convert import bool_mask, columns_to_batch
 from fsspec_kbs.arrow.schema import COLUMNS, project
+from fsspec_kbs.errors import KbsError, SegmentFormatError
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
-from fsspec_kbs.format import ViewColumns
-from fsspec_kbs.format.segment import decode_threads
+from fsspec_kbs.format import RecordColumns, ViewColumns
+from fsspec_kbs.format.segment import Decoded, run_in_order
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.opened import OpenedSegment
 
 _ROW_COLUMNS = ("offset", "timestamp")
 
@@ -28,12 +27,6 @@ _ROW_COLUMNS = ("offset", "timestamp")
 #: 5 GB stream ~30 MB lower than 4 MiB at the same speed); large enough that per-chunk
 #: overhead is noise (~1 % slower on one core than 4 MiB).
 CHUNK_BYTES = 2 * 1024 * 1024
-#: Decoded chunks a segment's worker may hold ready ahead of the consumer.
-CHUNK_QUEUE = 1
-#: Compressed segment bytes held by the workers at once (a segment is read whole). A segment
-#: larger than this still runs, alone; it then uses the cores through chunk-level decoding
-#: (:meth:`fsspec_kbs.format.SegmentReader.iter_columns`), so both levels keep the cores busy.
-SEGMENT_BUDGET = 96 * 1024 * 1024
 
 
 def default_workers() -> int:
@@ -174,29 +167,32 @@ class KbsScanner:
     def fragments(self) -> list[SegmentRef]:
         return self.dataset.fragments(self.scan_filter)
 
-    def _iter_segment(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
-        """Filtered Arrow batches of one segment, one per decoded chunk, as they are decoded."""
+    @property
+    def _views(self) -> bool:
         # Expressions run on the copied layout (Arrow's filter does not take views yet); the
         # result is cast to views, which points into its buffers.
-        views = self.views and self.expression is None
-        chunks = self.dataset.backup.iter_columns(ref, verify_checksums=self.verify,
-                                                  max_chunk_bytes=CHUNK_BYTES, views=views)
-        if not self.use_threads:
-            with decode_threads(1):  # one thread means one: no chunk-level decoding pool either
-                first = next(chunks, None)
-            chunks = iter(() if first is None else itertools.chain([first], chunks))
-        for cols in chunks:
-            mask = self.scan_filter.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
-            if mask is not None and isinstance(cols, ViewColumns):
-                cols, mask = cols.filter(mask), None
-            batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path, views=views)
-            if mask is not None:
-                batch = batch.filter(bool_mask(mask))
-            if self.expression is not None:
-                batch = batch.filter(self.expression).select(self.columns)
-                if self.views:
-                    batch = batch.cast(self.out_schema)
-            if batch.num_rows:
+        return self.views and self.expression is None
+
+    def _batch_of(self, ref: SegmentRef, cols: RecordColumns | ViewColumns) -> pa.RecordBatch | None:
+        """One decoded chunk as a filtered Arrow batch (None when no row is left)."""
+        mask = self.scan_filter.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
+        if mask is not None and isinstance(cols, ViewColumns):
+            cols, mask = cols.filter(mask), None
+        batch = columns_to_batch(cols, ref.topic, ref.partition, self._decode_columns, ref.path, views=self._views)
+        if mask is not None:
+            batch = batch.filter(bool_mask(mask))
+        if self.expression is not None:
+            batch = batch.filter(self.expression).select(self.columns)
+            if self.views:
+                batch = batch.cast(self.out_schema)
+        return batch if batch.num_rows else None
+
+    def _iter_segment(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
+        """Filtered Arrow batches of one segment, one per decoded chunk, on this thread alone."""
+        for cols in self.dataset.backup.iter_columns(ref, verify_checksums=self.verify, max_chunk_bytes=CHUNK_BYTES,
+                                                     views=self._views, threads=1):
+            batch = self._batch_of(ref, cols)
+            if batch is not None:
                 yield batch
 
     def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
@@ -210,24 +206,86 @@ class KbsScanner:
         try:
             # Skipping must drop a corrupt segment whole, so its batches wait for its end.
             batches = self._read_segment(ref)
-        except Exception as e:
-            from fsspec_kbs.errors import KbsError
-
-            if isinstance(e, KbsError):
-                self.errors.append(e)
-                return
-            raise
+        except KbsError as e:
+            self.errors.append(e)
+            return
         yield from batches
 
     def _segment_batches(self) -> Iterator[pa.RecordBatch]:
         refs = self.fragments
-        if not self.use_threads or len(refs) < 2:
-            for ref in refs:
-                yield from self._guarded(ref)
+        if self.use_threads:
+            yield from self._pipelined(refs)
             return
-        sizes = [SEGMENT_BUDGET if ref.size_bytes is None else int(ref.size_bytes) for ref in refs]
-        yield from ordered_stream(self._guarded, refs, default_workers(), CHUNK_QUEUE,
-                                  sizes=sizes, budget=SEGMENT_BUDGET)
+        for ref in refs:
+            yield from self._guarded(ref)
+
+    def _pipelined(self, refs: list[SegmentRef]) -> Iterator[pa.RecordBatch]:
+        """Every segment's chunks through one window of decode tasks (``run_in_order``).
+
+        The decoding threads go from one segment's chunks to the next's without waiting, and
+        also build each chunk's Arrow batch; this thread only runs the in-order checks and
+        hands the batches on. Segments are opened ahead (:func:`opened_ahead`). Errors are
+        those of :meth:`KbsBackup.iter_columns`, raised or (``on_error="skip"``) collected
+        in segment order.
+        """
+        backup = self.dataset.backup
+        skip = self.on_error == "skip"
+
+        def task(ref: SegmentRef, decode: Callable[[], Decoded]) -> Callable[[], Any]:
+            def run() -> Any:
+                try:
+                    decoded = decode()
+                    return decoded, self._batch_of(ref, decoded[0])
+                except Exception as e:  # raised by the consumer, in order, as its segment's error
+                    return _Failure(e)
+            return run
+
+        def tasks() -> Iterator[tuple[tuple[_Segment, Any], Callable[[], Any] | None]]:
+            for ref, opening in opened_ahead(backup, refs, self.verify, default_workers()):
+                state = _Segment(ref)
+                try:
+                    state.opened = opening.result()
+                    with state.opened:  # a stream's file is done with once its tasks are out
+                        for group, decode in state.opened.decode_tasks(CHUNK_BYTES, self._views):
+                            if state.failed:
+                                break
+                            yield (state, group), task(ref, decode)
+                except Exception as e:
+                    yield (state, _Failure(e)), None
+                yield (state, _END), None
+
+        for (state, what), result in run_in_order(tasks()):
+            if state.failed:
+                continue
+            try:
+                if isinstance(what, _Failure):
+                    raise what.error
+                if isinstance(result, _Failure):
+                    raise result.error
+                assert state.opened is not None
+                if what is _END:
+                    state.opened.finish()
+                    yield from state.kept
+                    continue
+                decoded, batch = result
+                state.opened.accept(what, decoded)
+                if batch is not None:
+                    if skip:  # a corrupt segment is dropped whole, so its batches wait for its end
+                        state.kept.append(batch)
+                    else:
+                        yield batch
+            except KbsError as e:
+                error: KbsError = e
+                if isinstance(e, SegmentFormatError):
+                    try:
+                        backup.rediagnose(state.ref, self.verify, e)
+                    except KbsError as diagnosed:
+                        error = diagnosed
+                if not skip:
+                    raise error from None
+                self.errors.append(error)
+                state.failed = True
+                state.kept.clear()
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         for batch in self._segment_batches():
@@ -262,7 +320,7 @@ class KbsScanner:
         return sum(b.num_rows for b in self.to_batches())
 
 
-_DONE = object()
+_END = object()  # a segment's last task is behind: run its end checks
 
 
 class _Failure:
@@ -270,105 +328,38 @@ class _Failure:
         self.error = error
 
 
-class _Budget:
-    """Admits items in their order while the sum of admitted sizes stays within ``limit``.
+class _Segment:
+    """A segment's place in a pipelined scan."""
 
-    An item is always admitted when nothing else is, so one larger than ``limit`` runs alone.
-    Strict ticket order means a later item never takes budget an earlier one waits for.
+    def __init__(self, ref: SegmentRef) -> None:
+        self.ref = ref
+        self.opened: OpenedSegment | None = None
+        self.failed = False
+        self.kept: list[pa.RecordBatch] = []
+
+
+def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
+                 workers: int) -> Iterator[tuple[SegmentRef, cf.Future]]:
+    """Each ref with the future of :meth:`KbsBackup.open_chunks`, in order, opening up to
+    ``workers + 1`` ahead on ``workers`` threads (parallel reads for remote stores).
+
+    A segment opened ahead is held whole only when below ``backup.stream_min_bytes``
+    (16 MiB): the segments held ahead stay below ``(workers + 1) * 16 MiB``.
     """
-
-    def __init__(self, limit: int, stop: threading.Event) -> None:
-        self.limit = limit
-        self.used = 0
-        self.next = 0
-        self.stop = stop
-        self.cv = threading.Condition()
-
-    def acquire(self, ticket: int, size: int) -> bool:
-        with self.cv:
-            self.cv.wait_for(lambda: self.stop.is_set() or (
-                ticket == self.next and (self.used == 0 or self.used + size <= self.limit)))
-            if self.stop.is_set():
-                return False
-            self.used += size
-            self.next += 1
-            self.cv.notify_all()
-            return True
-
-    def release(self, size: int) -> None:
-        with self.cv:
-            self.used -= size
-            self.cv.notify_all()
-
-    def wake(self) -> None:
-        with self.cv:
-            self.cv.notify_all()
-
-
-def ordered_stream(fn: Callable[[Any], Iterable[Any]], items: list, workers: int,
-                   queue_size: int = CHUNK_QUEUE, sizes: list[int] | None = None,
-                   budget: int | None = None) -> Iterator[Any]:
-    """Concatenate ``fn(item)`` for each item, in order, running up to ``workers`` of them at once.
-
-    Each item's outputs pass through a queue of ``queue_size``: a worker runs ahead of the
-    consumer by at most that many outputs, then waits. At most ``workers + 1`` items are
-    started and not yet consumed, and with ``sizes`` and ``budget`` the items being produced
-    at once have sizes summing to at most ``budget`` (or are a single item). Memory is thus
-    bounded by the producers' own state plus ``(workers + 1) * queue_size`` outputs, however
-    long the items are.
-    """
-    stop = threading.Event()
-    gate = _Budget(budget if budget is not None else 2**62, stop)
-    sizes = sizes if sizes is not None else [0] * len(items)
-
-    def put(q: queue.Queue, x: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(x, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run(ticket: int, item: Any, q: queue.Queue) -> None:
-        if not gate.acquire(ticket, sizes[ticket]):
-            return
-        try:
-            for x in fn(item):
-                if not put(q, x):
-                    return
-        except BaseException as e:  # handed to the consumer, which raises it in order
-            gate.release(sizes[ticket])
-            put(q, _Failure(e))
-            return
-        gate.release(sizes[ticket])
-        put(q, _DONE)
-
-    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read") as pool:
-        window: deque[tuple[queue.Queue, cf.Future]] = deque()
-        it = iter(enumerate(items))
-
-        def submit() -> None:
-            for ticket, item in it:
-                q: queue.Queue = queue.Queue(maxsize=queue_size)
-                window.append((q, pool.submit(run, ticket, item, q)))
+    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read")
+    ahead: deque[tuple[SegmentRef, cf.Future]] = deque()
+    it = iter(refs)
+    try:
+        while True:
+            for ref in it:
+                ahead.append((ref, pool.submit(backup.open_chunks, ref, verify)))
+                if len(ahead) > workers:
+                    break
+            if not ahead:
                 return
-
-        try:
-            for _ in range(workers + 1):
-                submit()
-            while window:
-                q, _fut = window[0]
-                x = q.get()
-                if x is _DONE:
-                    window.popleft()
-                    submit()
-                    continue
-                if isinstance(x, _Failure):
-                    raise x.error
-                yield x
-        finally:
-            stop.set()
-            gate.wake()
-            for _q, f in window:
-                f.cancel()
+            yield ahead.popleft()
+    finally:
+        for _ref, fut in ahead:
+            if not fut.cancel() and fut.exception() is None:
+                fut.result().close()  # a stream opened ahead and never read
+        pool.shutdown(wait=False)

@@ -9,6 +9,7 @@ never a crash.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fsspec_kbs
-from fsspec_kbs.dataset import KbsDataset, ordered_stream
+from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import RecordColumns, ViewColumns
 from fsspec_kbs.format import kernels as k
@@ -37,7 +38,12 @@ from fsspec_kbs.format.records import (
     decode_payloads,
     encode_batches,
 )
-from fsspec_kbs.format.segment import SegmentReader, encode_segment
+from fsspec_kbs.format.segment import (
+    CHUNKS_AHEAD_PER_THREAD,
+    SegmentReader,
+    encode_segment,
+    run_in_order,
+)
 from fsspec_kbs.store import BackupWriter
 from tests.conftest import CONFORMANCE
 
@@ -367,48 +373,58 @@ def test_decoded_columns_live_in_the_arrow_pool_and_are_exact() -> None:
         assert arr.base.size == max(1, arr.nbytes), f
 
 
-def test_ordered_stream_order_errors_budget_and_close() -> None:
-    active = []
+def test_run_in_order_keeps_order_bounds_the_window_and_raises_in_place() -> None:
+    running = [0]
     peak = [0]
     lock = threading.Lock()
 
-    def gen(i: int):  # type: ignore[no-untyped-def]
+    def work(i: int) -> int:
         with lock:
-            active.append(i)
-            peak[0] = max(peak[0], len(active))
-        try:
-            for j in range(5):
-                time.sleep(0.001)
-                yield (i, j)
-        finally:
-            with lock:
-                active.remove(i)
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.002 * (i % 3))  # out-of-order completion
+        with lock:
+            running[0] -= 1
+        return i * i
 
-    items = list(range(12))
-    assert list(ordered_stream(gen, items, 2)) == [(i, j) for i in items for j in range(5)]
-    peak[0] = 0
-    # Each item "weighs" 60 of a budget of 100: never two at once.
-    assert len(list(ordered_stream(gen, items, 2, sizes=[60] * 12, budget=100))) == 60
-    assert peak[0] == 1
+    def tasks(n: int, fail_at: int | None = None, break_at: int | None = None):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            if i == break_at:
+                raise ValueError("tasks broke")
+            yield i, (None if i % 5 == 4 else functools.partial(work, i) if i != fail_at else _boom)
 
-    def failing(i: int):  # type: ignore[no-untyped-def]
-        yield i
-        if i == 3:
-            raise ValueError("boom")
+    for threads in (1, 2):
+        out = list(run_in_order(tasks(40), threads))
+        assert out == [(i, None if i % 5 == 4 else i * i) for i in range(40)]
+    assert peak[0] <= 2  # the pool's two threads
 
-    out = []
-    with pytest.raises(ValueError, match="boom"):
-        for x in ordered_stream(failing, items, 2):
-            out.append(x)
-    assert out == [0, 1, 2, 3]
-    # Abandoning the stream early neither hangs nor leaks running producers.
-    t0 = time.time()
-    it = ordered_stream(gen, list(range(100)), 2, queue_size=1)
+    # An error of a task, or of the task iterator, comes after every result before it.
+    for kwargs, message in (({"fail_at": 12}, "task failed"), ({"break_at": 12}, "tasks broke")):
+        got = []
+        with pytest.raises(ValueError, match=message):
+            for key, _ in run_in_order(tasks(40, **kwargs), 2):
+                got.append(key)
+        assert got == list(range(12))
+
+    # Tasks run ahead by at most threads * CHUNKS_AHEAD_PER_THREAD; closing early cancels the rest.
+    started = []
+
+    def slow(i: int) -> int:
+        started.append(i)
+        time.sleep(0.01)
+        return i
+
+    it = run_in_order(((i, functools.partial(slow, i)) for i in range(100)), 2)
     next(it)
+    time.sleep(0.1)
+    assert len(started) <= 2 * CHUNKS_AHEAD_PER_THREAD + 1
     it.close()
-    assert time.time() - t0 < 5
-    time.sleep(0.2)
-    assert not active
+    time.sleep(0.1)
+    assert len(started) <= 2 * CHUNKS_AHEAD_PER_THREAD + 1
+
+
+def _boom() -> None:
+    raise ValueError("task failed")
 
 
 def test_dataset_streams_in_order_with_threads(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import base64
 import enum
+import functools
 import json
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import lz4.block
@@ -41,8 +42,9 @@ from fsspec_kbs.errors import (
     TruncatedSegmentError,
     UnsupportedCodecError,
 )
-from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.kernels import copy_bytes, kernel, put_field
+from fsspec_kbs.format.segment import BatchInfo, Decoded, DecodeTask
 
 MAGIC = b"KBAK"
 END_MAGIC = b"BKAE"
@@ -511,17 +513,20 @@ class OsoRecords:
         )
         return cols
 
-    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
-        """Rows in chunks of about ``max_chunk_bytes`` of record data (at least one row each)."""
-        if self.count == 0:
-            return
+    def chunk_bounds(self, max_chunk_bytes: int) -> Iterator[tuple[int, int]]:
+        """Row ranges of about ``max_chunk_bytes`` of record data (at least one row each)."""
         i = 0
         while i < self.count:
             limit = int(self.pos[i]) + max(1, max_chunk_bytes)
             j = int(np.searchsorted(self.pos, limit, side="right")) - 1
             j = min(max(j, i + 1), self.count)
-            yield self.columns(i, j)
+            yield i, j
             i = j
+
+    def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns]:
+        """Rows in chunks of about ``max_chunk_bytes`` of record data (at least one row each)."""
+        for i, j in self.chunk_bounds(max_chunk_bytes):
+            yield self.columns(i, j)
 
 
 @dataclass(frozen=True)
@@ -545,6 +550,38 @@ class OsoSegment:
             yield from self.records.iter_columns(max_chunk_bytes)
         elif self.legacy_columns is not None and len(self.legacy_columns):
             yield self.legacy_columns
+
+
+class OsoChunks:
+    """A decoded segment as decode tasks (a ``ChunkSource``): each copies a run of rows into
+    columns. Decoding the segment checked everything, so the in-order checks have nothing to do."""
+
+    def __init__(self, seg: OsoSegment) -> None:
+        self.seg = seg
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[DecodeTask]:
+        records, legacy = self.seg.records, self.seg.legacy_columns
+        if records is not None:
+            for i, j in records.chunk_bounds(max_chunk_bytes):
+                yield [], functools.partial(_unchecked, records.columns, i, j)
+        elif legacy is not None and len(legacy):
+            yield [], functools.partial(_unchecked, lambda: legacy)
+
+    def _check_first(self, group: Sequence[BatchInfo]) -> None:
+        pass
+
+    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+        return prev_last
+
+    def _join(self, crc: int, share: int, group: Sequence[BatchInfo]) -> int:
+        return crc
+
+    def _check_end(self, crc: int, last: int) -> None:
+        pass
+
+
+def _unchecked(fn: Callable[..., RecordColumns], *args: int) -> Decoded:
+    return fn(*args), 0
 
 
 def decode_segment(data: bytes | memoryview, path: str | None = None, *, verify_checksum: bool = True,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fsspec_kbs.errors import (
     BadMagicError,
@@ -20,7 +22,7 @@ from fsspec_kbs.errors import (
     SegmentMismatchError,
     TruncatedSegmentError,
 )
-from fsspec_kbs.format.checksums import crc32, crc64_xz
+from fsspec_kbs.format.checksums import crc32, crc64_combine, crc64_xz
 from fsspec_kbs.format.codecs import Codec, codec_from_code, compress, decompress
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.records import (
@@ -65,6 +67,128 @@ def _decode_pool() -> cf.ThreadPoolExecutor:
         if _pool is None:
             _pool = cf.ThreadPoolExecutor(max_workers=max(2, DECODE_THREADS), thread_name_prefix="kbs-decode")
         return _pool
+
+
+def default_threads() -> int:
+    """Decoding threads for this thread's reads (see :func:`decode_threads`)."""
+    return getattr(_local, "threads", None) or DECODE_THREADS
+
+
+class _Raised:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def run_in_order(tasks: Iterable[tuple[Any, Callable[[], Any] | None]],
+                 threads: int | None = None) -> Iterator[tuple[Any, Any]]:
+    """``(key, fn)`` pairs -> ``(key, fn())`` pairs, in order.
+
+    With ``threads`` > 1 (default: :func:`default_threads`) up to ``threads *``
+    :data:`CHUNKS_AHEAD_PER_THREAD` of the ``fn`` run ahead on the shared decode pool, whose
+    work (decompression, checksums, record kernels) releases the GIL. A ``None`` fn passes its
+    key through in its place (result ``None``) without taking a slot. An error raised by an
+    ``fn``, or by the iteration of ``tasks`` itself, is raised in its place too: after the
+    results before it.
+    """
+    threads = default_threads() if threads is None else threads
+    if threads <= 1:
+        for key, fn in tasks:
+            yield key, None if fn is None else fn()
+        return
+    pool = _decode_pool()
+    limit = threads * CHUNKS_AHEAD_PER_THREAD
+    pending: deque[tuple[Any, cf.Future | _Raised | None]] = deque()
+    running = 0
+    it: Iterator[tuple[Any, Callable[[], Any] | None]] | None = iter(tasks)
+
+    def fill() -> None:
+        nonlocal running, it
+        while it is not None and running < limit:
+            try:
+                key, fn = next(it)
+            except StopIteration:
+                it = None
+                return
+            except Exception as e:
+                pending.append((None, _Raised(e)))
+                it = None
+                return
+            if fn is None:
+                pending.append((key, None))
+            else:
+                pending.append((key, pool.submit(fn)))
+                running += 1
+
+    try:
+        fill()
+        while pending:
+            key, fut = pending.popleft()
+            if isinstance(fut, _Raised):
+                raise fut.error
+            if fut is None:
+                yield key, None
+                continue
+            result = fut.result()
+            running -= 1
+            fill()
+            yield key, result
+    finally:
+        for _k, f in pending:
+            if isinstance(f, cf.Future):
+                f.cancel()
+
+
+Decoded = tuple["RecordColumns | ViewColumns", int]
+#: A chunk's batches and the call that decodes them: (columns, share of the CRC-64).
+DecodeTask = tuple[list["BatchInfo"], Callable[[], Decoded]]
+
+
+class ChunkSource(Protocol):
+    """A segment as decode tasks plus the checks their results need, in order."""
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool) -> Iterator[DecodeTask]: ...
+
+    def _check_first(self, group: Sequence[BatchInfo]) -> None: ...
+
+    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns,
+                     prev_last: int) -> int: ...
+
+    def _join(self, crc: int, share: int, group: Sequence[BatchInfo]) -> int: ...
+
+    def _check_end(self, crc: int, last: int) -> None: ...
+
+
+class ChunkChecks:
+    """The checks across a segment's decoded chunks, fed in order: offsets keep increasing
+    from chunk to chunk, the CRC-64 shares are joined; then :meth:`finish` runs the end
+    checks (CRC-64, counts, footer)."""
+
+    def __init__(self, source: ChunkSource) -> None:
+        self.source = source
+        self.prev_last = -1
+        self.crc = 0  # crc64_xz(b"")
+        self.started = False
+
+    def accept(self, group: Sequence[BatchInfo], result: Decoded) -> RecordColumns | ViewColumns:
+        cols, share = result
+        if not self.started:
+            self.started = True
+            self.source._check_first(group)
+        self.prev_last = self.source._check_order(group, cols, self.prev_last)
+        self.crc = self.source._join(self.crc, share, group)
+        return cols
+
+    def finish(self) -> None:
+        self.source._check_end(self.crc, self.prev_last if self.started else 0)
+
+
+def iter_checked(source: ChunkSource, max_chunk_bytes: int, threads: int | None,
+                 views: bool) -> Iterator[RecordColumns | ViewColumns]:
+    """Decode ``source`` chunk by chunk (threads as :func:`run_in_order`), checked in order."""
+    checks = ChunkChecks(source)
+    for group, result in run_in_order(source.decode_tasks(max_chunk_bytes, views), threads):
+        yield checks.accept(group, result)
+    checks.finish()
 
 
 MAGIC = b"KBS1"
@@ -231,20 +355,29 @@ class SegmentReader:
         CRC-64 already proves every batch byte (batch headers included, so the CRC-32 fields
         too) is what the writer wrote, and skipping the second pass halves the cost of the
         checks. Pass True to also catch a writer that stored a wrong CRC-32 (``validate``).
+    crc64_last : bool, default False
+        Check the CRC-64 in :meth:`iter_columns`, not here: each chunk's decoding thread checks
+        its batches' CRC-32s and computes its share of the CRC-64 just before decompressing
+        them, while their bytes are in cache, and the shares are joined and compared after the
+        last chunk. Every byte is then read from memory once instead of twice, and the check
+        runs on the decoding threads, but a CRC-64 mismatch is raised after the chunks before
+        it were yielded (each of them having passed its CRC-32s), as for streamed segments.
     """
 
     def __init__(self, data: bytes | memoryview, path: str | None = None, verify_checksums: bool = True,
-                 batch_crc: bool = False):
+                 batch_crc: bool = False, crc64_last: bool = False):
         self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         self.path = path
         self.verify = verify_checksums
-        # CRC-32s are needed when asked for, or to diagnose a failed CRC-64 (set below).
-        self._check_batch_crc = verify_checksums and batch_crc
+        self._crc64_last = verify_checksums and crc64_last
+        # CRC-32s are needed when asked for, when the CRC-64 comes last, or to diagnose a
+        # failed CRC-64 (set below).
+        self._check_batch_crc = verify_checksums and (batch_crc or crc64_last)
         self.header = SegmentHeader.parse(data, path)
         self.footer = SegmentFooter.parse(data, path)
         self.size = len(data)
         self._batches: list[BatchInfo] | None = None
-        if verify_checksums:
+        if verify_checksums and not crc64_last:
             actual = crc64_xz(memoryview(data)[HEADER_SIZE : self.size - FOOTER_SIZE])
             if actual != self.header.checksum:
                 self._check_batch_crc = True
@@ -297,9 +430,16 @@ class SegmentReader:
         self._batches = out
         return out
 
+    def _frame(self, info: BatchInfo) -> bytes | memoryview:
+        return memoryview(self.data)[info.data_position : info.end]
+
+    def _crc64_share(self, info: BatchInfo, crc: int) -> int:
+        """``crc`` continued over the batch's header and frame."""
+        return crc64_xz(memoryview(self.data)[info.position : info.end], crc)
+
     def payload(self, info: BatchInfo) -> Payload:
         """Check the CRC-32 and decompress one batch."""
-        frame = memoryview(self.data)[info.data_position : info.end]
+        frame = self._frame(info)
         if self._check_batch_crc:
             actual = crc32(frame)
             if actual != info.crc:
@@ -313,6 +453,22 @@ class SegmentReader:
             raise e.located(self.path or "<segment>", info.position) from e
         return Payload(as_uint8(raw), info.base_offset, info.record_count)
 
+    def chunk_groups(self, max_chunk_bytes: int) -> list[list[BatchInfo]]:
+        """The batches in runs of about ``max_chunk_bytes`` uncompressed (whole batches)."""
+        groups: list[list[BatchInfo]] = [[]]
+        size = 0
+        for info in self.batches():
+            if size >= max_chunk_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(info)
+            size += info.uncompressed_size
+        return groups if groups[-1] else []
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[DecodeTask]:
+        for group in self.chunk_groups(max_chunk_bytes):
+            yield group, functools.partial(self._decode, group, views)
+
     def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024, threads: int | None = None,
                      views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``.
@@ -320,64 +476,45 @@ class SegmentReader:
         With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to ``threads *``
         :data:`CHUNKS_AHEAD_PER_THREAD` chunks are decoded ahead on a shared pool:
         decompression, the CRCs and the record kernels release the GIL, so one large segment
-        uses every core while only it (compressed) and a few chunks are in memory. Chunks are still yielded, checked and failed in order. With ``views``
-        the chunks are :class:`ViewColumns` (no copy of the record data).
+        uses every core while only it (compressed) and a few chunks are in memory. Chunks are
+        still yielded, checked and failed in order. With ``views`` the chunks are
+        :class:`ViewColumns` (no copy of the record data).
         """
-        batches = self.batches()
-        groups: list[list[BatchInfo]] = [[]]
-        size = 0
-        for info in batches:
-            if size >= max_chunk_bytes:
-                groups.append([])
-                size = 0
-            groups[-1].append(info)
-            size += info.uncompressed_size
-        if not groups[-1]:
-            groups.pop()
-        if threads is None:
-            threads = getattr(_local, "threads", None) or DECODE_THREADS
-        prev_last = -1
-        if threads <= 1 or len(groups) < 2:
-            for group in groups:
-                cols = self._decode(group, views)
-                prev_last = self._check_order(group, cols, prev_last)
-                yield cols
-        else:
-            pool = _decode_pool()
-            pending: deque[tuple[list[BatchInfo], cf.Future]] = deque()
-            it = iter(groups)
-            try:
-                for group in it:
-                    pending.append((group, pool.submit(self._decode, group, views)))
-                    if len(pending) >= threads * CHUNKS_AHEAD_PER_THREAD:
-                        break
-                while pending:
-                    group, fut = pending.popleft()
-                    cols = fut.result()
-                    for nxt in it:
-                        pending.append((nxt, pool.submit(self._decode, nxt, views)))
-                        break
-                    prev_last = self._check_order(group, cols, prev_last)
-                    yield cols
-            finally:
-                for _g, f in pending:
-                    f.cancel()
-        last = prev_last if batches else 0
+        return iter_checked(self, max_chunk_bytes, threads, views)
+
+    def _check_first(self, group: Sequence[BatchInfo]) -> None:
+        pass  # batches() checked the header's first offset
+
+    def _check_end(self, crc: int, last: int) -> None:
+        self._check_crc64_last(crc)
         if last != self.footer.last_offset:
             raise SegmentMismatchError(
                 f"footer last offset {self.footer.last_offset} but the last record is at {last}",
                 self.path, self.size - FOOTER_SIZE,
             )
 
+    def _join(self, crc: int, share: int, group: Sequence[BatchInfo]) -> int:
+        """The CRC-64 so far, continued by the next chunk's share (with ``crc64_last``)."""
+        if not self._crc64_last:
+            return crc
+        return crc64_combine(crc, share, group[-1].end - group[0].position)
+
+    def _check_crc64_last(self, crc: int) -> None:
+        if self._crc64_last and crc != self.header.checksum:
+            raise ChecksumError(
+                f"segment CRC-64 is {crc:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
+
     def read_all(self) -> RecordColumns | None:
         """Every record of the segment as one :class:`RecordColumns` (None when empty)."""
         chunks = list(self.iter_columns(max_chunk_bytes=2**62))
         return chunks[0] if chunks else None
 
-    def _decode(self, group: Sequence[BatchInfo], views: bool = False) -> RecordColumns | ViewColumns:
-        # Each batch is checked right after it is decompressed (while in cache); the copy into
-        # exact-size arrays follows once the group's sizes are known. A group's decompressed
-        # batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
+    def _decode(self, group: Sequence[BatchInfo], views: bool = False) -> tuple[RecordColumns | ViewColumns, int]:
+        """The group's records, and with ``crc64_last`` its share of the CRC-64 (else 0)."""
+        # Each batch's checksums are computed right before it is decompressed, and its records
+        # checked right after (each while in cache); the copy into exact-size arrays follows
+        # once the group's sizes are known. A group's decompressed batches stay alive until
+        # then: chunks are a few MB (CHUNK_BYTES).
         if views:
             # Sized before anything is checked: bound a corrupt record count by what the batch
             # can hold (the scan then rejects it) instead of allocating for it.
@@ -385,10 +522,13 @@ class SegmentReader:
                 sum(min(i.record_count, i.uncompressed_size // MIN_RECORD_BYTES) for i in group))
         else:
             builder = ColumnsBuilder()
+        crc = 0
         try:
             for info in group:
+                if self._crc64_last:
+                    crc = self._crc64_share(info, crc)
                 builder.add(self.payload(info))
-            return builder.finish()
+            return builder.finish(), crc
         except RecordDecodeError as e:
             info = group[e.batch]
             if self.codec == Codec.NONE:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NoReturn
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -37,6 +37,7 @@ from fsspec_kbs.store.names import (
     partition_dir,
     segment_name,
 )
+from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.stream import STREAM_BLOCK_SIZE, STREAM_MIN_BYTES, SegmentStream
 
 
@@ -315,45 +316,63 @@ class KbsBackup:
     #: instead of read whole; set on an instance (or the class) to change it.
     stream_min_bytes: int = STREAM_MIN_BYTES
 
+    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True) -> OpenedSegment:
+        """Open a segment for decoding chunk by chunk (see :meth:`iter_columns`).
+
+        Segments of at least :attr:`stream_min_bytes` are streamed (only the chunks being
+        decoded are in memory; their frames are read as the decode tasks are taken); smaller
+        ones are read whole. Close the result (or let :func:`iter_opened` do it).
+        """
+        size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
+        if size < self.stream_min_bytes:
+            reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums, crc64_last=True)
+            self._check_crc64(ref, reader.header.checksum)
+            return OpenedSegment(ref, reader)
+        try:
+            f = self.fs.open(ref.path, "rb", block_size=STREAM_BLOCK_SIZE, cache_type="readahead")
+        except FileNotFoundError as e:
+            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+        try:
+            # Buffered fsspec files know their size from opening them: no second request.
+            actual = getattr(f, "size", None)
+            size = int(actual) if actual is not None else self._segment_size(ref)
+            check_size(ref, size)
+            stream = SegmentStream(f, size, ref.path, verify_checksums)
+            self._check_crc64(ref, stream.header.checksum)
+        except BaseException:
+            f.close()
+            raise
+        return OpenedSegment(ref, stream, f)
+
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
                      max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False,
-                     views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
+                     views: bool = False, threads: int | None = None) -> Iterator[RecordColumns | ViewColumns]:
         """Decode one segment in chunks, cross-checked against what the manifest says of it.
 
         With ``views`` the chunks are :class:`~fsspec_kbs.format.ViewColumns`: Arrow views into
         the decompressed batches, no copy of the record data.
 
-        Segments of at least :attr:`stream_min_bytes` are streamed: only the chunk being
-        decoded is in memory, every batch CRC-32 is checked before its batch is decoded and
-        the CRC-64 at the end (after the batches before it were yielded). Any format error
-        of a streamed segment is re-diagnosed with the whole-segment reader, so both paths
-        raise the same error (class, file and offset).
+        Every batch CRC-32 is checked by the decoding thread just before its batch is decoded,
+        which also computes the batch's share of the segment CRC-64; the CRC-64 is compared
+        at the end, after the batches before it were yielded (``SegmentReader(crc64_last=True)``:
+        each byte is read from memory once). ``batch_crc`` is accepted for compatibility: the
+        CRC-32s are always checked. ``threads`` decode chunks at once (default: two, or what
+        :func:`~fsspec_kbs.format.segment.decode_threads` set). Segments of at least
+        :attr:`stream_min_bytes` are also streamed (:meth:`open_chunks`). Any format error is re-diagnosed
+        (:meth:`rediagnose`), so it does not depend on the order of the checks.
         """
-        size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
-        if size < self.stream_min_bytes:
-            yield from self._cross_checked(ref, self.open_segment(ref, verify_checksums, batch_crc=batch_crc)
-                                           .iter_columns(max_chunk_bytes, views=views))
-            return
         try:
-            try:
-                f = self.fs.open(ref.path, "rb", block_size=STREAM_BLOCK_SIZE, cache_type="readahead")
-            except FileNotFoundError as e:
-                raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
-            with f:
-                # Buffered fsspec files know their size from opening them: no second request.
-                actual = getattr(f, "size", None)
-                size = int(actual) if actual is not None else self._segment_size(ref)
-                check_size(ref, size)
-                stream = SegmentStream(f, size, ref.path, verify_checksums)
-                self._check_crc64(ref, stream.header.checksum)
-                yield from self._cross_checked(ref, stream.iter_columns(max_chunk_bytes, views=views))
+            yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, views, threads)
         except SegmentFormatError as err:
-            # Rare path: read the segment whole so the error is exactly the one of small segments
-            # (SegmentReader checks the CRC-64 first and names the most specific defect).
-            for _ in self._cross_checked(ref, self.open_segment(ref, verify_checksums, batch_crc=True)
-                                         .iter_columns(max_chunk_bytes)):
-                pass
-            raise err from None  # the whole-segment reader found nothing: e.g. a stored CRC-32 is wrong
+            self.rediagnose(ref, verify_checksums, err)
+
+    def rediagnose(self, ref: SegmentRef, verify_checksums: bool, err: SegmentFormatError) -> NoReturn:
+        """Raise the error of reading ``ref`` whole, CRC-64 first (which names the most
+        specific defect); ``err`` if that finds none (e.g. a stored CRC-32 is wrong)."""
+        reader = self.open_segment(ref, verify_checksums, batch_crc=True)
+        for _ in iter_opened(OpenedSegment(ref, reader), 32 * 1024 * 1024, threads=1):
+            pass
+        raise err from None
 
     def _segment_size(self, ref: SegmentRef) -> int:
         try:
@@ -366,22 +385,6 @@ class KbsBackup:
             raise SegmentMismatchError(
                 f"header CRC-64 {header_crc} differs from the manifest's {ref.crc64} "
                 "(the segment was replaced after the manifest was written)", ref.path, 24)
-
-    def _cross_checked(self, ref: SegmentRef, chunks: Iterator[Any]) -> Iterator[Any]:
-        count = 0
-        first = last = None
-        for cols in chunks:
-            if first is None and len(cols):
-                first = int(cols.offsets[0])
-            if len(cols):
-                last = int(cols.offsets[-1])
-            count += len(cols)
-            yield cols
-        for what, mine, theirs in (("records", count, ref.records), ("first offset", first, ref.first_offset),
-                                   ("last offset", last, ref.last_offset)):
-            if theirs is not None and mine is not None and mine != theirs:
-                raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
-                                           ref.path, 0)
 
     def describe(self) -> dict[str, Any]:
         """Summary numbers for ``kbs describe``."""

@@ -11,13 +11,14 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NoReturn
 
 import fsspec
 
 from fsspec_kbs.errors import (
     BackupNotFoundError,
     ManifestError,
+    SegmentFormatError,
     SegmentMismatchError,
 )
 from fsspec_kbs.format import RecordColumns
@@ -27,6 +28,7 @@ from fsspec_kbs.format.oso import (
     HEADER_SIZE,
     MAGIC,
     OSO_CODEC_NAMES,
+    OsoChunks,
     OsoHeader,
     OsoSegment,
     check_footer,
@@ -35,6 +37,7 @@ from fsspec_kbs.format.oso import (
 )
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size
 from fsspec_kbs.store.names import TOPICS_DIR
+from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 
 LAYOUT = "oso"
 _PARTITION_PREFIX = "partition="
@@ -288,14 +291,22 @@ class OsoBackup(KbsBackup):
                                            ref.path, None if seg.legacy else at)
         return seg
 
-    def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False) -> Iterator[RecordColumns]:
+    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True) -> OpenedSegment:
+        """Decode a whole segment (:meth:`open_segment`); its chunks are then copied out as tasks."""
+        return OpenedSegment(ref, OsoChunks(self.open_segment(ref, verify_checksums)))
+
+    def rediagnose(self, ref: SegmentRef, verify_checksums: bool, err: SegmentFormatError) -> NoReturn:
+        raise err  # open_chunks decoded and checked the whole segment: its error is the one
+
+    def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,  # type: ignore[override]
+                     max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False,
+                     threads: int | None = None) -> Iterator[RecordColumns]:
         """Decode one segment in chunks of about ``max_chunk_bytes`` of record data.
 
         ``views`` is accepted for the common interface; OSO records are always copied (the
         Arrow layer turns them into views when asked).
         """
-        yield from self.open_segment(ref, verify_checksums).iter_columns(max_chunk_bytes)
+        yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, threads=threads)
 
     # -- checking --------------------------------------------------------------------------------
     def validate_segment(self, ref: SegmentRef, deep: bool, report: Any) -> None:

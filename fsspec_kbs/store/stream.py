@@ -3,9 +3,10 @@
 :class:`~fsspec_kbs.format.segment.SegmentReader` needs the complete segment in memory (it
 checks the CRC-64 before decoding anything). For large segments that buffer dominates a
 scan's peak memory, so :class:`SegmentStream` reads header, batches and footer sequentially,
-keeping only the compressed frames of the chunk being decoded. It checks every batch CRC-32
-before decoding that batch (the segment CRC-64 is only known at the end), computes the
-CRC-64 incrementally and checks it, with the footer and header counts, after the last batch.
+keeping only the compressed frames of the chunks being decoded. Like
+``SegmentReader(crc64_last=True)``, each decoding thread checks every batch CRC-32 before
+decoding that batch and computes its chunk's share of the segment CRC-64; the shares are
+joined in order and checked, with the footer and header counts, after the last batch.
 
 Consequence (docs/format-decisions.md, "Large segments are streamed"): a CRC-64 mismatch is
 raised after the batches before it were yielded, each of them having passed its own CRC-32.
@@ -14,24 +15,17 @@ Materialising readers still fail as a whole.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-from collections import deque
+import functools
 from collections.abc import Iterator
 from typing import IO
 
 import numpy as np
 
-from fsspec_kbs.errors import (
-    ChecksumError,
-    DecompressionError,
-    SegmentMismatchError,
-    TruncatedSegmentError,
-)
+from fsspec_kbs.errors import ChecksumError, SegmentMismatchError, TruncatedSegmentError
 from fsspec_kbs.format import segment as seg
-from fsspec_kbs.format.checksums import crc32, crc64_xz
-from fsspec_kbs.format.codecs import Codec, decompress
+from fsspec_kbs.format.checksums import crc64_xz
+from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
-from fsspec_kbs.format.records import Payload, as_uint8
 from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
     FOOTER_SIZE,
@@ -50,27 +44,27 @@ STREAM_BLOCK_SIZE = 4 * 1024 * 1024
 
 
 class _Chunk(SegmentReader):
-    """The compressed frames of a run of whole batches, by the file position of their header.
+    """The header and frame bytes of a run of whole batches, by the file position of their header.
 
-    Decoding and order checks are :class:`SegmentReader`'s own (``_decode``, ``_check_order``);
-    the :class:`BatchInfo` positions stay file positions, so every error names the file offset.
+    Checks, decoding and order checks are :class:`SegmentReader`'s own with ``crc64_last``
+    (``_decode``, ``_join``, ``_check_order``); the :class:`BatchInfo` positions stay file
+    positions, so every error names the file offset.
     """
 
-    def __init__(self, frames: dict[int, bytes], header: SegmentHeader, path: str | None) -> None:
-        # No super().__init__(): it parses and checks a whole file. The CRC-32s of these
-        # batches were checked while they were read.
-        self.frames = frames
+    def __init__(self, parts: dict[int, tuple[bytes, bytes]], header: SegmentHeader, path: str | None,
+                 verify: bool) -> None:
+        # No super().__init__(): it parses and checks a whole file.
+        self.parts = parts
         self.header = header
         self.path = path
-        self._check_batch_crc = False
+        self._check_batch_crc = self._crc64_last = verify
 
-    def payload(self, info: BatchInfo) -> Payload:
-        frame = self.frames[info.position]
-        try:
-            raw = decompress(self.codec, frame, info.uncompressed_size)
-        except DecompressionError as e:
-            raise e.located(self.path or "<segment>", info.position) from e
-        return Payload(as_uint8(raw), info.base_offset, info.record_count)
+    def _frame(self, info: BatchInfo) -> bytes:
+        return self.parts[info.position][1]
+
+    def _crc64_share(self, info: BatchInfo, crc: int) -> int:
+        head, frame = self.parts[info.position]
+        return crc64_xz(frame, crc64_xz(head, crc))
 
 
 class SegmentStream:
@@ -88,11 +82,13 @@ class SegmentStream:
         Check every batch CRC-32 (before decoding that batch) and the segment CRC-64 (at the end).
     """
 
+    _counts: tuple[int, int] | None = None  # (records, batches), once every batch was read
+
     def __init__(self, f: IO[bytes], size: int, path: str | None = None, verify_checksums: bool = True) -> None:
         self.f = f
         self.size = size
         self.path = path
-        self.verify = verify_checksums
+        self.verify = self._crc64_last = verify_checksums
         f.seek(0)
         self.header = SegmentHeader.parse(self._read(min(size, HEADER_SIZE), 0), path)
         self.footer = self._parse_footer()
@@ -121,23 +117,15 @@ class SegmentStream:
         return SegmentFooter.parse(memoryview(stand_in), self.path)
 
     def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, bytes, bytes]:
-        """Read the batch at ``pos``: header checks as ``SegmentReader.batches``, then CRC-32."""
+        """Read the batch at ``pos``, with the header checks of ``SegmentReader.batches``."""
         end = self.size - FOOTER_SIZE
         # Read no header bytes past the footer: read_batch_header reports the stray bytes.
         head = self._read(BATCH_HEADER_SIZE, pos) if end - pos >= BATCH_HEADER_SIZE else b""
         info = read_batch_header(head, pos, index, prev_base, end, self.codec, self.path, data_start=pos)
-        frame = self._read(info.compressed_size, info.data_position)
-        if self.verify:
-            actual = crc32(frame)
-            if actual != info.crc:
-                raise ChecksumError(
-                    f"batch {index} CRC-32 is {actual:#010x} but its header says {info.crc:#010x}",
-                    self.path, pos + 20)
-        return info, head, frame
+        return info, head, self._read(info.compressed_size, info.data_position)
 
     def _chunks(self, max_chunk_bytes: int) -> Iterator[tuple[_Chunk, list[BatchInfo]]]:
-        """Runs of whole checked batches of about ``max_chunk_bytes`` (uncompressed); then the end checks."""
-        crc = crc64_xz(b"")
+        """Runs of whole batches of about ``max_chunk_bytes`` (uncompressed), not yet checksummed."""
         end = self.size - FOOTER_SIZE
         pos = HEADER_SIZE
         batches = records = 0
@@ -145,21 +133,23 @@ class SegmentStream:
         while pos < end:
             size = 0
             group: list[BatchInfo] = []
-            frames: dict[int, bytes] = {}
+            parts: dict[int, tuple[bytes, bytes]] = {}
             while pos < end and size < max_chunk_bytes:
                 info, head, frame = self._batch(pos, batches, prev_base)
-                if self.verify:
-                    crc = crc64_xz(frame, crc64_xz(head, crc))
                 group.append(info)
-                frames[pos] = frame
+                parts[pos] = (head, frame)
                 size += info.uncompressed_size
                 records += info.record_count
                 prev_base = info.base_offset
                 batches += 1
                 pos = info.end
-            yield _Chunk(frames, self.header, self.path), group
-            del frames
-        # The whole-segment checks of SegmentReader, in its order, now that every byte was read.
+            yield _Chunk(parts, self.header, self.path, self.verify), group
+            del parts
+        self._counts = (records, batches)
+
+    def _check_end(self, crc: int, last: int) -> None:
+        """The whole-segment checks of SegmentReader, in its order, once every chunk was decoded."""
+        records, batches = self._counts or (0, 0)
         if self.verify and crc != self.header.checksum:
             raise ChecksumError(
                 f"segment CRC-64 is {crc:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
@@ -174,53 +164,35 @@ class SegmentStream:
         if batches == 0 and h.first_offset != 0:
             raise SegmentMismatchError(
                 f"header first offset {h.first_offset} but the first batch starts at 0", self.path, 8)
+        if last != self.footer.last_offset:
+            raise SegmentMismatchError(
+                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
+                self.path, self.size - FOOTER_SIZE)
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[seg.DecodeTask]:
+        """Read the batches chunk by chunk (here, on the calling thread); decode each on call."""
+        for chunk, group in self._chunks(max_chunk_bytes):
+            task = functools.partial(chunk._decode, group, views)
+            del chunk  # only the task keeps the chunk's bytes, until it ran
+            yield group, task
 
     def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024, threads: int | None = None,
                      views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode in chunks of whole batches of about ``max_chunk_bytes`` (uncompressed).
 
-        With ``threads`` > 1 (default as :meth:`SegmentReader.iter_columns`) the next chunk
-        is read while the ones before it are decoded on the shared decode pool; chunks are
-        still yielded, checked and failed in order. ``views`` as for
+        With ``threads`` > 1 (default as :meth:`SegmentReader.iter_columns`) the next chunks
+        are read while the ones before them are decoded on the shared decode pool; chunks
+        are still yielded, checked and failed in order. ``views`` as for
         :meth:`SegmentReader.iter_columns`.
         """
-        if threads is None:
-            threads = getattr(seg._local, "threads", None) or seg.DECODE_THREADS
-        prev_last = -1
-        first_checked = False
-        pending: deque[tuple[_Chunk, list[BatchInfo], cf.Future]] = deque()
-        try:
-            for chunk, group in self._chunks(max_chunk_bytes):
-                if not first_checked:
-                    first_checked = True
-                    if self.header.first_offset != group[0].base_offset:
-                        raise SegmentMismatchError(
-                            f"header first offset {self.header.first_offset} but the first batch starts at "
-                            f"{group[0].base_offset}", self.path, 8)
-                if threads <= 1:
-                    cols = chunk._decode(group, views)
-                    prev_last = chunk._check_order(group, cols, prev_last)
-                    yield cols
-                    continue
-                pending.append((chunk, group, seg._decode_pool().submit(chunk._decode, group, views)))
-                del chunk
-                if len(pending) >= threads * seg.CHUNKS_AHEAD_PER_THREAD:
-                    done, dgroup, fut = pending.popleft()
-                    cols = fut.result()
-                    prev_last = done._check_order(dgroup, cols, prev_last)
-                    del done, fut
-                    yield cols
-            while pending:
-                done, dgroup, fut = pending.popleft()
-                cols = fut.result()
-                prev_last = done._check_order(dgroup, cols, prev_last)
-                del done, fut
-                yield cols
-        finally:
-            for _c, _g, f in pending:
-                f.cancel()
-        last = prev_last if first_checked else 0
-        if last != self.footer.last_offset:
+        return seg.iter_checked(self, max_chunk_bytes, threads, views)
+
+    # The in-order checks of SegmentReader (they use only ``path`` and ``_crc64_last``).
+    _check_order = SegmentReader._check_order
+    _join = SegmentReader._join
+
+    def _check_first(self, group: list[BatchInfo]) -> None:
+        if self.header.first_offset != group[0].base_offset:
             raise SegmentMismatchError(
-                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
-                self.path, self.size - FOOTER_SIZE)
+                f"header first offset {self.header.first_offset} but the first batch starts at "
+                f"{group[0].base_offset}", self.path, 8)

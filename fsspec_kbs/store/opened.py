@@ -1,0 +1,75 @@
+"""A segment opened for decoding: decode tasks, then in-order checks against the manifest too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from fsspec_kbs.errors import SegmentMismatchError
+from fsspec_kbs.format import RecordColumns, ViewColumns
+from fsspec_kbs.format.segment import (
+    BatchInfo,
+    ChunkChecks,
+    ChunkSource,
+    Decoded,
+    DecodeTask,
+    run_in_order,
+)
+
+if TYPE_CHECKING:
+    from fsspec_kbs.store.backup import SegmentRef
+
+
+class OpenedSegment:
+    """One segment's decode tasks (:meth:`decode_tasks`, run on any thread) and the checks of
+    their results, fed in order to :meth:`accept`; :meth:`finish` runs the end checks,
+    including what the manifest says of the segment (records, first and last offset)."""
+
+    def __init__(self, ref: SegmentRef, source: ChunkSource, file: IO[bytes] | None = None) -> None:
+        self.ref = ref
+        self.source = source
+        self._file = file
+        self._checks = ChunkChecks(source)
+        self.records = 0
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[DecodeTask]:
+        return self.source.decode_tasks(max_chunk_bytes, views)
+
+    def accept(self, group: Sequence[BatchInfo], result: Decoded) -> RecordColumns | ViewColumns:
+        cols = self._checks.accept(group, result)
+        if len(cols):
+            if self.first is None:
+                self.first = int(cols.offsets[0])
+            self.last = int(cols.offsets[-1])
+            self.records += len(cols)
+        return cols
+
+    def finish(self) -> None:
+        self._checks.finish()
+        ref = self.ref
+        for what, mine, theirs in (("records", self.records, ref.records), ("first offset", self.first, ref.first_offset),
+                                   ("last offset", self.last, ref.last_offset)):
+            if theirs is not None and mine is not None and mine != theirs:
+                raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
+                                           ref.path, 0)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def __enter__(self) -> OpenedSegment:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def iter_opened(opened: OpenedSegment, max_chunk_bytes: int, views: bool = False,
+                threads: int | None = None) -> Iterator[RecordColumns | ViewColumns]:
+    """Decode an opened segment chunk by chunk (threads as ``run_in_order``), checked; then close it."""
+    with opened:
+        for group, result in run_in_order(opened.decode_tasks(max_chunk_bytes, views), threads):
+            yield opened.accept(group, result)
+        opened.finish()
