@@ -103,7 +103,8 @@ class KbsDataset:
         batch_size : int, optional
             Maximum rows per yielded batch.
         use_threads : bool, default True
-            Decode several segments at once on a thread pool.
+            Decode on two threads: the chunks of consecutive segments go through one window
+            of decode tasks, and segments are read ahead on reading threads.
         verify_checksums : bool, default True
             Check CRC-64 per segment and CRC-32 per batch.
         on_error : {"raise", "skip"}, default "raise"
