@@ -342,10 +342,11 @@ class _Segment:
 def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
                  workers: int) -> Iterator[tuple[SegmentRef, cf.Future]]:
     """Each ref with the future of :meth:`KbsBackup.open_chunks`, in order, opening up to
-    ``workers + 1`` ahead on ``workers`` threads (parallel reads for remote stores).
+    ``workers`` ahead of the one being read, on ``workers`` threads (parallel reads for remote
+    stores).
 
     A segment opened ahead is held whole only when below ``backup.stream_min_bytes``
-    (16 MiB): the segments held ahead stay below ``(workers + 1) * 16 MiB``.
+    (16 MiB): the segments held ahead stay below ``workers * 16 MiB``.
     """
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read")
     ahead: deque[tuple[SegmentRef, cf.Future]] = deque()
@@ -354,7 +355,7 @@ def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
         while True:
             for ref in it:
                 ahead.append((ref, pool.submit(backup.open_chunks, ref, verify)))
-                if len(ahead) > workers:
+                if len(ahead) >= workers:
                     break
             if not ahead:
                 return

@@ -343,6 +343,33 @@ def test_parallel_chunks_raise_in_order() -> None:
     assert 0 < got < sum(i.record_count for i in infos)
 
 
+def test_crc64_last_yields_checked_chunks_then_checks_the_crc64() -> None:
+    from fsspec_kbs.errors import ChecksumError
+    data, cols = _segment()
+    for threads in (1, 2):
+        chunks = list(SegmentReader(data, crc64_last=True).iter_columns(20_000, threads=threads))
+        assert len(chunks) > 2 and [r for c in chunks for r in c.records()] == cols.records()
+    # Every batch intact but the stored CRC-64 wrong: all rows come, then the CRC-64 fails.
+    buf = bytearray(data)
+    buf[24] ^= 1
+    got = 0
+    with pytest.raises(ChecksumError, match="segment CRC-64") as ei:
+        for c in SegmentReader(bytes(buf), "x.kbs", crc64_last=True).iter_columns(20_000, threads=2):
+            got += len(c)
+    assert got == len(cols) and ei.value.offset == 24
+    # A damaged batch is caught by its CRC-32 before it is decoded, after the chunks before it.
+    buf = bytearray(data)
+    infos = SegmentReader(data).batches()
+    bad = infos[len(infos) // 2]
+    buf[bad.data_position + 3] ^= 0xFF
+    got = 0
+    with pytest.raises(ChecksumError, match=f"batch {bad.index} CRC-32") as ei:
+        for c in SegmentReader(bytes(buf), "x.kbs", crc64_last=True).iter_columns(20_000, threads=2):
+            got += len(c)
+    assert ei.value.offset == bad.position + 20
+    assert 0 < got <= sum(i.record_count for i in infos[: bad.index])
+
+
 def test_batch_crc_checked_when_asked_or_segment_crc_fails() -> None:
     import struct
 

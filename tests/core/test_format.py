@@ -21,7 +21,7 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.format import Codec, RecordColumns, SegmentReader, encode_batches, encode_segment
 from fsspec_kbs.format import kernels as k
-from fsspec_kbs.format.checksums import crc64_xz
+from fsspec_kbs.format.checksums import crc64_combine, crc64_xz
 from fsspec_kbs.format.codecs import decompress
 
 RECORDS = [
@@ -35,6 +35,13 @@ RECORDS = [
 def test_crc64_xz_check_value() -> None:
     assert crc64_xz(b"123456789") == 0x995DC9BBDF1939FA
     assert crc64_xz(b"6789", crc64_xz(b"12345")) == 0x995DC9BBDF1939FA
+
+
+def test_crc64_combine_joins_the_crcs_of_parts() -> None:
+    data = np.random.default_rng(7).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    for cut in (0, 1, 7, 4096, 65_537, 99_999, 100_000):
+        assert crc64_combine(crc64_xz(data[:cut]), crc64_xz(data[cut:]), len(data) - cut) == crc64_xz(data), cut
+    assert crc64_combine(crc64_xz(b"12345"), crc64_xz(b"6789"), 4) == 0x995DC9BBDF1939FA
 
 
 @pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, 300, -301, 2**31, -(2**31), 2**63 - 1, -(2**63)])
