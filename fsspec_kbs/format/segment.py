@@ -382,10 +382,7 @@ class SegmentReader:
             if actual != self.header.checksum:
                 self._check_batch_crc = True
                 self._diagnose()
-                raise ChecksumError(
-                    f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}",
-                    path, 24,
-                )
+                self._check_crc64(actual)
 
     def _diagnose(self) -> None:
         """Raise the most specific error for a segment whose CRC-64 failed, if one is found."""
@@ -487,6 +484,9 @@ class SegmentReader:
 
     def _check_end(self, crc: int, last: int) -> None:
         self._check_crc64_last(crc)
+        self._check_last_offset(last)
+
+    def _check_last_offset(self, last: int) -> None:
         if last != self.footer.last_offset:
             raise SegmentMismatchError(
                 f"footer last offset {self.footer.last_offset} but the last record is at {last}",
@@ -500,9 +500,13 @@ class SegmentReader:
         return crc64_combine(crc, share, group[-1].end - group[0].position)
 
     def _check_crc64_last(self, crc: int) -> None:
-        if self._crc64_last and crc != self.header.checksum:
+        if self._crc64_last:
+            self._check_crc64(crc)
+
+    def _check_crc64(self, actual: int) -> None:
+        if actual != self.header.checksum:
             raise ChecksumError(
-                f"segment CRC-64 is {crc:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
+                f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
 
     def read_all(self) -> RecordColumns | None:
         """Every record of the segment as one :class:`RecordColumns` (None when empty)."""

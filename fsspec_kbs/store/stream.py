@@ -21,7 +21,7 @@ from typing import IO
 
 import numpy as np
 
-from fsspec_kbs.errors import ChecksumError, SegmentMismatchError, TruncatedSegmentError
+from fsspec_kbs.errors import SegmentMismatchError, TruncatedSegmentError
 from fsspec_kbs.format import segment as seg
 from fsspec_kbs.format.checksums import crc64_xz
 from fsspec_kbs.format.codecs import Codec
@@ -150,9 +150,7 @@ class SegmentStream:
     def _check_end(self, crc: int, last: int) -> None:
         """The whole-segment checks of SegmentReader, in its order, once every chunk was decoded."""
         records, batches = self._counts or (0, 0)
-        if self.verify and crc != self.header.checksum:
-            raise ChecksumError(
-                f"segment CRC-64 is {crc:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
+        self._check_crc64_last(crc)
         h = self.header
         if records != h.record_count:
             raise SegmentMismatchError(
@@ -164,10 +162,7 @@ class SegmentStream:
         if batches == 0 and h.first_offset != 0:
             raise SegmentMismatchError(
                 f"header first offset {h.first_offset} but the first batch starts at 0", self.path, 8)
-        if last != self.footer.last_offset:
-            raise SegmentMismatchError(
-                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
-                self.path, self.size - FOOTER_SIZE)
+        self._check_last_offset(last)
 
     def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[seg.DecodeTask]:
         """Read the batches chunk by chunk (here, on the calling thread); decode each on call."""
@@ -187,9 +182,12 @@ class SegmentStream:
         """
         return seg.iter_checked(self, max_chunk_bytes, threads, views)
 
-    # The in-order checks of SegmentReader (they use only ``path`` and ``_crc64_last``).
+    # SegmentReader's checks (they use only path, header, footer, size and _crc64_last).
     _check_order = SegmentReader._check_order
     _join = SegmentReader._join
+    _check_crc64_last = SegmentReader._check_crc64_last
+    _check_crc64 = SegmentReader._check_crc64
+    _check_last_offset = SegmentReader._check_last_offset
 
     def _check_first(self, group: list[BatchInfo]) -> None:
         if self.header.first_offset != group[0].base_offset:
