@@ -346,7 +346,7 @@ def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
     stores).
 
     A segment opened ahead is held whole only when below ``backup.stream_min_bytes``
-    (16 MiB): the segments held ahead stay below ``workers * 16 MiB``.
+    (4 MiB): the segments held ahead stay below ``workers * 4 MiB``.
     """
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read")
     ahead: deque[tuple[SegmentRef, cf.Future]] = deque()
