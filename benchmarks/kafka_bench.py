@@ -76,7 +76,17 @@ def create(admin: AdminClient, topic: str, partitions: int) -> None:
 
 
 def raw_produce(conf: dict, topic: str, records: list[tuple]) -> float:
-    p = Producer({**conf, **PRODUCER_CONF})
+    """Seconds to produce ``records``; fails unless the broker acknowledged every one of them.
+
+    flush() returning 0 only means no record is still queued: failed deliveries count as done.
+    """
+    failed: list[str] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    p = Producer({**conf, **PRODUCER_CONF, "on_delivery": on_delivery})
     produce, poll = p.produce, p.poll
     t0 = time.perf_counter()
     for part, k, v, h, ts in records:
@@ -86,8 +96,23 @@ def raw_produce(conf: dict, topic: str, records: list[tuple]) -> float:
                 break
             except BufferError:
                 poll(0.05)
-    assert p.flush(120) == 0
-    return time.perf_counter() - t0
+    left = p.flush(120)
+    elapsed = time.perf_counter() - t0
+    why = f"{left} records unacknowledged, {len(failed)} failed: {failed[:3]}"
+    assert left == 0 and not failed, why
+    return elapsed
+
+
+def end_offsets(conf: dict, topic: str, partitions: int) -> dict[int, int]:
+    """High watermark of each partition, asked from its leader."""
+    c = Consumer({**conf, "group.id": f"bench-{uuid.uuid4().hex}"})
+    try:
+        out = {}
+        for p in range(partitions):
+            out[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+        return out
+    finally:
+        c.close()
 
 
 def raw_consume(conf: dict, topic: str, partitions: int) -> tuple[float, int]:
@@ -139,6 +164,11 @@ def main() -> None:
         src = f"bench-src-{uuid.uuid4().hex[:8]}"
         create(admin, src, parts)
         raw_produce(conf, src, records)  # load the source topic (also warms the broker)
+        # The fresh topic must now end exactly where the acknowledged records do: a shortfall
+        # found later is then the backup's, not the producer's.
+        per_part = {p: sum(1 for r in records if r[0] == p) for p in range(parts)}
+        ends = end_offsets(conf, src, parts)
+        assert ends == per_part, (ends, per_part)
 
         results: dict = {"records": n, "partitions": parts, "value_bytes": args.value_bytes,
                          "payload_bytes": payload, "python": platform.python_version(),
@@ -164,7 +194,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 res = run_backup(conf, [src], str(tmp / "backups" / f"b-{codec}-{rep}"), compression=codec,
                                  consumer_groups=False)
-                assert res.records == n, (codec, rep, res.records, res.partitions, res.seconds)
+                # Every record was acknowledged (raw_produce) and read back (raw_consume) before.
+                detail = (codec, rep, res.records, res.partitions, res.seconds, ends)
+                assert res.records == n, detail
                 keep(f"backup_{codec}", time.perf_counter() - t0)
             dst = f"bench-raw-{uuid.uuid4().hex[:8]}"
             create(admin, dst, parts)

@@ -148,6 +148,10 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
     table.add_row("uncompressed", human_bytes(stats.get("uncompressed_bytes")))
     table.add_row("compressed", human_bytes(stats.get("compressed_bytes")))
     table.add_row("consumer groups", str(res.groups))
+    if res.gaps:
+        lost = sum(b - a for a, b in res.gaps.values())
+        table.add_row("[bold red]gaps[/]", f"{lost:,} records in {len(res.gaps)} partition(s) deleted from the "
+                      "broker since the earlier backup: in neither backup (manifest: kafka.gaps)")
     table.add_row("time", f"{res.seconds:.1f} s ({rate:.1f} MB/s)")
     if quiet:
         out.print(res.url, highlight=False)

@@ -4,7 +4,7 @@ Uses confluent-kafka (librdkafka). Backups are read only through :class:`fsspec_
 so every layout :func:`fsspec_kbs.store.open_backup` detects can be restored.
 """
 
-from fsspec_kbs.kafka.backup import BackupResult, run_backup
+from fsspec_kbs.kafka.backup import BackupResult, IncrementalGapWarning, run_backup
 from fsspec_kbs.kafka.config import load_client_config, merge_client_config
 from fsspec_kbs.kafka.groups import GROUPS_FILE, GroupOffsets, read_group_offsets
 from fsspec_kbs.kafka.restore import RestoreResult, run_restore
@@ -13,6 +13,7 @@ __all__ = [
     "GROUPS_FILE",
     "BackupResult",
     "GroupOffsets",
+    "IncrementalGapWarning",
     "RestoreResult",
     "load_client_config",
     "merge_client_config",

@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import os
 import re
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,16 +53,82 @@ PLAN_KEY = "kbs_backup_plan"
 ProgressFn = Callable[[int, int], None]
 
 _CHUNK_RECORDS = 5000
+_CHUNK_BYTES = 8 * 1024 * 1024
 #: Consumer errors no retry can fix (others are retried by librdkafka; see the stall timeout).
 _FATAL_NAMES = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
                 "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION", "_SSL", "UNSUPPORTED_VERSION")
+#: Errors after which librdkafka goes on *past* records it did not deliver: a batch failing its CRC
+#: or not decodable is skipped, a fetch position out of range (records deleted by retention or
+#: DeleteRecords, a truncated log) is reset. Ignoring them completes a backup with a silent gap.
+_SKIPPED_NAMES = (
+    "_BAD_MSG",
+    "_BAD_COMPRESSION",
+    "_NOT_IMPLEMENTED",
+    "_AUTO_OFFSET_RESET",
+    "_LOG_TRUNCATION",
+    "OFFSET_OUT_OF_RANGE",
+    "UNSUPPORTED_COMPRESSION_TYPE",
+)
+#: Watermark query errors of a partition whose leader is not serving yet (a topic just created, a
+#: leader moving): asked again until the timeout.
+_RETRY_WATERMARK_NAMES = (
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "UNKNOWN_TOPIC_OR_PART",
+    "_UNKNOWN_PARTITION",
+    "OFFSET_NOT_AVAILABLE",
+    "FENCED_LEADER_EPOCH",
+    "UNKNOWN_LEADER_EPOCH",
+    "REQUEST_TIMED_OUT",
+    "_TRANSPORT",
+)
+#: Consumer settings a backup relies on; applied over the user's client config. ``error`` rather
+#: than ``earliest``: an out-of-range position must stop the backup, not skip to what is left.
+_FORCED_CONSUMER_CONF = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    "auto.offset.reset": "error",
+    "check.crcs": True,  # a corrupt batch fails the backup instead of being copied as is
+}
 
 
-def _fatal_codes() -> frozenset[int]:
+def _codes(names: tuple[str, ...]) -> frozenset[int]:
     from confluent_kafka import KafkaError
 
-    return frozenset(getattr(KafkaError, n) for n in _FATAL_NAMES if hasattr(KafkaError, n))
-_CHUNK_BYTES = 8 * 1024 * 1024
+    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
+
+
+class IncrementalGapWarning(UserWarning):
+    """An incremental backup starts after records its predecessor did not hold: they were deleted
+    from the broker (retention, DeleteRecords) in between, so neither backup has them."""
+
+
+def _nested(ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[str, dict[str, list[int]]]:
+    """``{(topic, partition): (a, b)}`` as JSON: ``{topic: {"partition": [a, b]}}``."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for (t, p), (a, b) in sorted(ranges.items()):
+        out.setdefault(t, {})[str(p)] = [a, b]
+    return out
+
+
+def _watermarks(consumer: Any, tp: Any, timeout: float) -> tuple[int, int]:
+    """(low, high) of a partition from its leader; transient errors are retried until ``timeout``."""
+    from confluent_kafka import KafkaException
+
+    retry = _codes(_RETRY_WATERMARK_NAMES)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            left = max(0.1, deadline - time.monotonic())
+            return consumer.get_watermark_offsets(tp, timeout=left, cached=False)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            code = err.code() if hasattr(err, "code") else None
+            if code not in retry or time.monotonic() + 0.2 > deadline:
+                msg = f"cannot read the end offsets of {tp.topic}/{tp.partition}: {err}"
+                raise KbsError(msg) from e
+            time.sleep(0.2)
 
 
 @dataclass
@@ -76,6 +143,10 @@ class BackupResult:
     groups: int
     resumed: bool = False
     manifest: Any = None
+    #: Incremental only: offsets ``[first, end)`` of a partition that were deleted from the broker
+    #: (retention, DeleteRecords) after the earlier backup ended and before this one started: in
+    #: neither backup. Also in the manifest (``kafka.gaps``).
+    gaps: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -244,7 +315,8 @@ def run_backup(
     from confluent_kafka import Consumer, KafkaError, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    _FATAL_CODES = _fatal_codes()  # noqa: N806
+    fatal_codes = _codes(_FATAL_NAMES)
+    skipped_codes = _codes(_SKIPPED_NAMES)
 
     t0 = time.monotonic()
     fs, path = url_to_fs(url, **(storage_options or {}))
@@ -272,15 +344,14 @@ def run_backup(
     admin = AdminClient(dict(client_config))
     consumer_conf = {
         "group.id": f"kbs-backup-{backup_id}",  # never committed: we assign, not subscribe
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 8 * 1024 * 1024,
         "queued.max.messages.kbytes": 256 * 1024,
         "log_level": 3,
         **client_config,
+        # Last: an application's properties file (auto.offset.reset=latest, auto commit into its
+        # own group, no EOF events) must not change what the backup reads.
+        **_FORCED_CONSUMER_CONF,
     }
     consumer = Consumer(consumer_conf)
     try:
@@ -303,10 +374,19 @@ def run_backup(
                         key = (ref.topic, ref.partition)
                         prev[key] = max(prev.get(key, -1), ref.last_offset)
             cut = {}
+            gaps: dict[tuple[str, int], tuple[int, int]] = {}  # records gone between the two backups
             for t in chosen:
-                for p in sorted(md.topics[t].partitions):
-                    low, high = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout, cached=False)
-                    start = max(low, prev.get((t, p), -1) + 1)
+                tmd = md.topics[t]
+                if tmd.error is not None or not tmd.partitions:
+                    # Its partitions would be missing from the cut, and from the backup, silently.
+                    why = tmd.error or "no partitions"
+                    raise KbsError(f"topic {t}: no partition metadata ({why}); try again")
+                for p in sorted(tmd.partitions):
+                    low, high = _watermarks(consumer, TopicPartition(t, p), timeout)
+                    after = prev.get((t, p), -1) + 1
+                    if (t, p) in prev and low > after:
+                        gaps[(t, p)] = (after, low)
+                    start = max(low, after)
                     cut[(t, p)] = (start, max(start, high))
             plan = {
                 "partitions": {},
@@ -318,6 +398,13 @@ def run_backup(
             }
             for (t, p), (s, e) in cut.items():
                 plan["partitions"].setdefault(t, {})[str(p)] = [s, e]
+            if gaps:
+                plan["gaps"] = _nested(gaps)
+                listed = ", ".join(f"{t}/{p} [{a}, {b})" for (t, p), (a, b) in sorted(gaps.items())[:5])
+                warnings.warn(
+                    f"records deleted from the broker since {incremental_from} ended are in neither backup: "
+                    f"{listed}{' ...' if len(gaps) > 5 else ''} (recorded as kafka.gaps in the manifest)",
+                    IncrementalGapWarning, stacklevel=2)
 
         groups = []
         if consumer_groups and ck_old is None:
@@ -414,8 +501,17 @@ def run_backup(
                             if key in active and m.offset() >= cut[key][1]:
                                 finish(key)
                             continue
-                        if err.fatal() or err.code() in _FATAL_CODES:
+                        if err.fatal() or err.code() in fatal_codes:
                             raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
+                        if key in active and err.code() in skipped_codes:
+                            buf = bufs.get(key)
+                            at = buf.offsets[-1] + 1 if buf and buf.offsets else positions[key]
+                            raise KbsError(
+                                f"records of {key[0]}/{key[1]} from about offset {at} cannot be "
+                                f"read ({err.name()}: {err.str()}): deleted from the broker "
+                                "(retention, DeleteRecords) after the backup planned them, or "
+                                "corrupt; the backup would miss them"
+                            )
                         last_error = err.str()
                         continue
                     end = active.get(key)
@@ -461,11 +557,14 @@ def run_backup(
                 "incremental_from": plan.get("incremental_from"),
                 "partition_counts": plan.get("partition_counts", {}),
                 "cut": plan["partitions"],
+                "gaps": plan.get("gaps", {}),
                 "consumer_groups_file": GROUPS_FILE if fs.exists(f"{path}/{GROUPS_FILE}") else None,
             },
         })
         ckp.write()
         return BackupResult(url, backup_id, total_records, total_bytes, time.monotonic() - t0,
-                            cut, ckp.segments, len(groups), ck_old is not None, manifest)
+                            cut, ckp.segments, len(groups), ck_old is not None, manifest,
+                            {(t, int(p)): (g[0], g[1]) for t, ps in plan.get("gaps", {}).items()
+                             for p, g in ps.items()})
     finally:
         consumer.close()

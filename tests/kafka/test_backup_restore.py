@@ -11,15 +11,23 @@ import sys
 import time
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from fsspec_kbs.cli.main import cli
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import CommitConflictError, KbsError
-from fsspec_kbs.kafka import read_group_offsets, run_backup, run_restore
+from fsspec_kbs.kafka import IncrementalGapWarning, read_group_offsets, run_backup, run_restore
 from fsspec_kbs.kafka.backup import THROTTLE_ENV
 from fsspec_kbs.store import Checkpoint
 from fsspec_kbs.validate import validate_backup
@@ -198,6 +206,27 @@ def test_incremental_backup_and_restore_both(kafka_broker, conf, tmp_path):
     assert_same_records(consume_all(conf, dst), first + second)
 
 
+def test_incremental_backup_reports_records_deleted_in_between(kafka_broker, conf, tmp_path):
+    """Records retention deleted between two backups of a chain are in neither: the second one says
+    so (a warning, ``BackupResult.gaps``, ``kafka.gaps`` in its manifest) instead of a silent hole."""
+    src = kafka_broker.new_topic("incr-gap")
+    create_topic(conf, src, 2)
+    produce(conf, src, make_records(200, 2, seed=51))  # 100 per partition
+    b1 = str(tmp_path / "b1")
+    run_backup(conf, [src], b1)
+    produce(conf, src, make_records(200, 2, seed=52, base_ts=BASE_TS + 10_000_000))  # offsets 100-199
+    admin = AdminClient(conf)  # kept: a collected client never completes its futures
+    for f in admin.delete_records([TopicPartition(src, 0, 130)]).values():
+        f.result(timeout=60)
+    with pytest.warns(IncrementalGapWarning, match=rf"{src}/0 \[100, 130\)"):
+        r2 = run_backup(conf, [src], str(tmp_path / "b2"), incremental_from=b1)
+    assert r2.gaps == {(src, 0): (100, 130)}
+    assert r2.records == 70 + 100
+    man = json.loads((tmp_path / "b2" / "manifest.json").read_text())
+    assert man["kafka"]["gaps"] == {src: {"0": [100, 130]}}
+    assert man["kafka"]["cut"][src] == {"0": [130, 200], "1": [100, 200]}
+
+
 def test_point_in_time_and_offset_bounds(kafka_broker, conf, tmp_path):
     src = kafka_broker.new_topic("pitr")
     create_topic(conf, src, 2)
@@ -258,6 +287,70 @@ def test_consumer_group_offsets_translated(kafka_broker, conf, tmp_path):
     assert want0 == 80  # 50 records dropped before it
     # A consumer of the group resumes at the translated record: same record as in the source.
     assert restored[0][want0]["value"] == [r for r in originals if r["partition"] == 0][130]["value"]
+
+
+@pytest.mark.parametrize("extra", [{}, {"auto.offset.reset": "latest"}], ids=["default", "latest"])
+def test_records_gone_after_the_cut_fail_the_backup(kafka_broker, conf, tmp_path, extra):
+    """Records the cut covers but the broker deleted before they were read (retention, DeleteRecords,
+    or a resume days later) fail the backup: the position is never reset past them, whatever the
+    client config says, so no backup completes with a silent gap."""
+    src = kafka_broker.new_topic("gone")
+    create_topic(conf, src, 1)
+    produce(conf, src, make_records(300, 1, seed=31))
+    admin = AdminClient(conf)
+
+    def delete_head(_planned: int) -> None:  # after the end offsets are read, before any fetch
+        for f in admin.delete_records([TopicPartition(src, 0, 120)]).values():
+            f.result()
+
+    url = tmp_path / "b"
+    with pytest.raises(KbsError, match=f"records of {src}/0 from about offset 0 cannot be read"):
+        run_backup({**conf, **extra}, [src], str(url), on_plan=delete_head)
+    assert not (url / "manifest.json").exists()
+
+
+def test_corrupt_batch_on_the_broker_fails_the_backup(kafka_broker, conf, tmp_path):
+    """A batch whose bytes on the broker no longer match its CRC is neither copied nor skipped."""
+    if not kafka_broker.log_dir:
+        pytest.skip("needs the broker's log directory")
+    src = kafka_broker.new_topic("corrupt")
+    create_topic(conf, src, 1)
+    p = Producer({**conf, "linger.ms": 0})
+    for i in range(60):
+        p.produce(src, f"value-{i:05d}".encode(), partition=0)
+        assert p.flush(10) == 0  # one small batch per record
+    seg = next(Path(kafka_broker.log_dir, f"{src}-0").glob("*.log"))
+    at = seg.read_bytes().index(b"value-00030")
+    with seg.open("r+b") as f:  # the broker serves the page cache: it sees the flipped byte
+        f.seek(at + 6)
+        f.write(b"X")
+    with pytest.raises(KbsError, match="_BAD_MSG"):
+        run_backup(conf, [src], str(tmp_path / "b"))
+
+
+def test_watermark_errors_of_a_new_topic_are_retried(kafka_broker, conf, tmp_path, monkeypatch):
+    """Right after CreateTopics the leader may answer NOT_LEADER for a while: asked again, not fatal.
+
+    Injected (a real broker does this only in a short, racy window after the topic is created).
+    """
+    src = kafka_broker.new_topic("newtopic")
+    create_topic(conf, src, 2)
+    originals = produce(conf, src, make_records(100, 2, seed=41))
+    failures = {"left": 3}
+
+    class FlakyConsumer(confluent_kafka.Consumer):
+        def get_watermark_offsets(self, *args, **kwargs):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+            return super().get_watermark_offsets(*args, **kwargs)
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", FlakyConsumer)
+    url = str(tmp_path / "b")
+    res = run_backup(conf, [src], url)
+    assert failures["left"] == 0
+    assert res.records == 100
+    assert strip(backup_rows(url)) == strip(originals)
 
 
 def test_errors_are_clear(kafka_broker, conf, tmp_path):
