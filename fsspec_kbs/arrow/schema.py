@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -31,9 +33,14 @@ KAFKA_VIEW_SCHEMA = pa.schema([
 
 def project(columns: list[str] | tuple[str, ...] | None, views: bool = False) -> pa.Schema:
     """Schema restricted to ``columns`` (in the caller's order); ``views``: the view types."""
-    schema = KAFKA_VIEW_SCHEMA if views else KAFKA_SCHEMA
     if columns is None:
-        return schema
+        return KAFKA_VIEW_SCHEMA if views else KAFKA_SCHEMA
+    return _project(tuple(columns), views)
+
+
+@functools.lru_cache(maxsize=64)  # once per scan, not once per decoded chunk
+def _project(columns: tuple[str, ...], views: bool) -> pa.Schema:
+    schema = KAFKA_VIEW_SCHEMA if views else KAFKA_SCHEMA
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; a backup has {list(COLUMNS)}")

@@ -77,15 +77,16 @@ class ColumnsBuilder:
         self._pending: list[Payload] = []
         self.records = 0
         self.headers = 0
-        self._used = np.zeros(4, dtype=np.int64)  # key, value, header key, header value bytes
+        self._used = (0, 0, 0, 0)  # key, value, header key, header value bytes
 
     def add(self, p: Payload) -> None:
         """Check one batch (raises :class:`RecordDecodeError`, ``batch`` = its index)."""
         code, pos, kb, vb, nh, hkb, hvb = self._scan(p.data, 0, len(p.data), p.count, p.base_offset)
         if code != k.OK:
             raise RecordDecodeError(len(self._pending), code, pos)
-        used = self._used + (kb, vb, hkb, hvb)
-        if int(used.max()) >= 2**31 or self.headers + nh >= 2**31:
+        u = self._used
+        used = (u[0] + kb, u[1] + vb, u[2] + hkb, u[3] + hvb)
+        if max(used) >= 2**31 or self.headers + nh >= 2**31:
             raise ValueError("more than 2 GiB of variable-length data in one chunk; read smaller chunks")
         self._pending.append(p)
         self._used = used
@@ -95,7 +96,7 @@ class ColumnsBuilder:
     def finish(self) -> RecordColumns:
         """The decoded rows of every batch added since the last call, in order."""
         n, h = self.records, self.headers
-        kb, vb, hkb, hvb = (int(x) for x in self._used)
+        kb, vb, hkb, hvb = self._used
         e = empty_array
         c = RecordColumns(
             offsets=e(n, np.int64), timestamps=e(n, np.int64),
@@ -123,7 +124,7 @@ class ColumnsBuilder:
             hrow = int(c.header_offsets[row])
         self._pending.clear()  # empty again, ready for the next group
         self.records = self.headers = 0
-        self._used[:] = 0
+        self._used = (0, 0, 0, 0)
         return c
 
 
