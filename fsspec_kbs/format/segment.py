@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import functools
 import os
+import queue
 import struct
 import threading
 from collections import deque
@@ -41,7 +41,7 @@ DECODE_THREADS = max(1, min(2, os.cpu_count() or 1))
 #: early sat idle until the consumer took the chunk before it (1.35-1.55x on two cores); with
 #: two, 1.65-1.7x, for a few more MB in flight (2 MiB chunks).
 CHUNKS_AHEAD_PER_THREAD = 2
-_pool: cf.ThreadPoolExecutor | None = None
+_pool: _DecodePool | None = None
 _pool_lock = threading.Lock()
 _local = threading.local()
 
@@ -61,12 +61,58 @@ def decode_threads(n: int) -> Iterator[None]:
         _local.threads = old
 
 
-def _decode_pool() -> cf.ThreadPoolExecutor:
+class _DecodePool:
+    """Daemon threads running the decode tasks of every :func:`run_in_order` of the process.
+
+    Lighter than an executor: a task is a tuple on one queue and its result a tuple on its run's
+    queue, with no future, lock or condition per task. Those held the GIL for a few % of a
+    threaded scan, and the GIL is what limits two decoding threads.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"kbs-decode-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        get = self.tasks.get
+        while True:
+            run, seq, fn = get()
+            if not run.closed:  # else its consumer went away: skip what it left queued
+                try:
+                    result = fn()
+                except BaseException as e:  # raised by the consumer, in order
+                    result = _Raised(e)
+                run.results.put((seq, result))
+                result = None
+            run = fn = None  # hold nothing of a task while waiting for the next
+
+
+class _Run:
+    """One :func:`run_in_order` call: where its results arrive; ``closed`` once it is abandoned."""
+
+    __slots__ = ("closed", "results")
+
+    def __init__(self) -> None:
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+
+
+def _decode_pool() -> _DecodePool:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = cf.ThreadPoolExecutor(max_workers=max(2, DECODE_THREADS), thread_name_prefix="kbs-decode")
+            _pool = _DecodePool(max(2, DECODE_THREADS))
         return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of the parent's threads
+
+
+if hasattr(os, "register_at_fork"):  # Unix
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def default_threads() -> int:
@@ -95,14 +141,16 @@ def run_in_order(tasks: Iterable[tuple[Any, Callable[[], Any] | None]],
         for key, fn in tasks:
             yield key, None if fn is None else fn()
         return
-    pool = _decode_pool()
+    put = _decode_pool().tasks.put
+    run = _Run()
     limit = threads * CHUNKS_AHEAD_PER_THREAD
-    pending: deque[tuple[Any, cf.Future | _Raised | None]] = deque()
-    running = 0
+    pending: deque[tuple[Any, int | _Raised | None]] = deque()  # key, and its task's number
+    done: dict[int, Any] = {}  # results that arrived before the ones ahead of them
+    running = seq = 0
     it: Iterator[tuple[Any, Callable[[], Any] | None]] | None = iter(tasks)
 
     def fill() -> None:
-        nonlocal running, it
+        nonlocal running, seq, it
         while it is not None and running < limit:
             try:
                 key, fn = next(it)
@@ -116,26 +164,31 @@ def run_in_order(tasks: Iterable[tuple[Any, Callable[[], Any] | None]],
             if fn is None:
                 pending.append((key, None))
             else:
-                pending.append((key, pool.submit(fn)))
+                put((run, seq, fn))
+                pending.append((key, seq))
+                seq += 1
                 running += 1
 
     try:
         fill()
         while pending:
-            key, fut = pending.popleft()
-            if isinstance(fut, _Raised):
-                raise fut.error
-            if fut is None:
+            key, n = pending.popleft()
+            if isinstance(n, _Raised):
+                raise n.error
+            if n is None:
                 yield key, None
                 continue
-            result = fut.result()
+            while n not in done:
+                got, value = run.results.get()
+                done[got] = value
+            result = done.pop(n)
             running -= 1
             fill()
+            if isinstance(result, _Raised):
+                raise result.error
             yield key, result
     finally:
-        for _k, f in pending:
-            if isinstance(f, cf.Future):
-                f.cancel()
+        run.closed = True
 
 
 Decoded = tuple["RecordColumns | ViewColumns", int]
