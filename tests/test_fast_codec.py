@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -398,6 +400,26 @@ def test_decoded_columns_live_in_the_arrow_pool_and_are_exact() -> None:
         # Each array is a whole buffer of Arrow's pool, of exactly the size its rows need.
         assert isinstance(arr.base, pa.Buffer), f
         assert arr.base.size == max(1, arr.nbytes), f
+
+
+def _squares_in_a_child(out: Any) -> None:
+    out.put([r for _k, r in run_in_order(((i, functools.partial(pow, i, 2)) for i in range(20)), 2)])
+
+
+def test_run_in_order_works_in_a_forked_child() -> None:
+    """A child forked after the decode pool started has none of its threads: it starts its own."""
+    assert [r for _k, r in run_in_order(((i, functools.partial(pow, i, 2)) for i in range(5)), 2)] == \
+        [0, 1, 4, 9, 16]
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_squares_in_a_child, args=(out,))
+    child.start()
+    try:
+        assert out.get(timeout=60) == [i * i for i in range(20)]
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
 
 
 def test_run_in_order_keeps_order_bounds_the_window_and_raises_in_place() -> None:
