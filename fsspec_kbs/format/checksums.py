@@ -7,6 +7,8 @@ for ``zlib.crc32``. It releases the GIL, so checks on several decoding threads r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from fastcrc import crc32 as _crc32
 from fastcrc import crc64 as _crc64
@@ -82,3 +84,22 @@ def crc64_combine(crc1: int, crc2: int, len2: int) -> int:
     if not _x2n:
         _x2n.append(_powers())
     return int(_combine(np.uint64(crc1), np.uint64(crc2), np.int64(len2), _x2n[0]))
+
+
+@kernel
+def _join_all(shares, lengths, table):  # type: ignore[no-untyped-def]
+    crc = _ZERO
+    for i in range(len(shares)):
+        if lengths[i] > 0:
+            crc = _combine(crc, shares[i], lengths[i], table)
+    return crc
+
+
+def crc64_join(shares: Sequence[int], lengths: Sequence[int]) -> int:
+    """CRC-64/XZ of consecutive parts from each part's ``crc64_xz`` and length, in one call
+    (a segment's chunks are joined once, at its end, not chunk by chunk on the consumer)."""
+    if not shares:
+        return 0
+    if not _x2n:
+        _x2n.append(_powers())
+    return int(_join_all(np.array(shares, dtype=np.uint64), np.array(lengths, dtype=np.int64), _x2n[0]))

@@ -573,8 +573,8 @@ class OsoChunks:
     def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
         return prev_last
 
-    def _join(self, crc: int, share: int, group: Sequence[BatchInfo]) -> int:
-        return crc
+    def _join(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
+        return 0
 
     def _check_end(self, crc: int, last: int) -> None:
         pass

@@ -21,7 +21,7 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.format import Codec, RecordColumns, SegmentReader, encode_batches, encode_segment
 from fsspec_kbs.format import kernels as k
-from fsspec_kbs.format.checksums import crc64_combine, crc64_xz
+from fsspec_kbs.format.checksums import crc64_combine, crc64_join, crc64_xz
 from fsspec_kbs.format.codecs import decompress
 
 RECORDS = [
@@ -42,6 +42,14 @@ def test_crc64_combine_joins_the_crcs_of_parts() -> None:
     for cut in (0, 1, 7, 4096, 65_537, 99_999, 100_000):
         assert crc64_combine(crc64_xz(data[:cut]), crc64_xz(data[cut:]), len(data) - cut) == crc64_xz(data), cut
     assert crc64_combine(crc64_xz(b"12345"), crc64_xz(b"6789"), 4) == 0x995DC9BBDF1939FA
+
+
+def test_crc64_join_joins_many_parts_at_once() -> None:
+    data = bytes(range(256)) * 40
+    cuts = [0, 1, 1, 700, 4096, 9000, len(data)]  # an empty part too
+    parts = [data[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    assert crc64_join([crc64_xz(p) for p in parts], [len(p) for p in parts]) == crc64_xz(data)
+    assert crc64_join([], []) == crc64_xz(b"") == 0
 
 
 @pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, 300, -301, 2**31, -(2**31), 2**63 - 1, -(2**63)])
