@@ -69,10 +69,6 @@ _SKIPPED_NAMES = (
     "OFFSET_OUT_OF_RANGE",
     "UNSUPPORTED_COMPRESSION_TYPE",
 )
-#: Of those, the ones a broker may also give for records it still holds: checked against the
-#: partition's first offset, and fetched again up to _MAX_RESEEKS times if they are there.
-_OUT_OF_RANGE_NAMES = ("OFFSET_OUT_OF_RANGE", "_AUTO_OFFSET_RESET")
-_MAX_RESEEKS = 5
 #: Watermark query errors of a partition whose leader is not serving yet (a topic just created, a
 #: leader moving): asked again until the timeout.
 _RETRY_WATERMARK_NAMES = (
@@ -321,7 +317,6 @@ def run_backup(
 
     fatal_codes = _codes(_FATAL_NAMES)
     skipped_codes = _codes(_SKIPPED_NAMES)
-    out_of_range_codes = _codes(_OUT_OF_RANGE_NAMES)
 
     t0 = time.monotonic()
     fs, path = url_to_fs(url, **(storage_options or {}))
@@ -484,8 +479,6 @@ def run_backup(
                 consumer.assign([TopicPartition(t, p, positions[(t, p)]) for (t, p) in sorted(active)])
             last_flush = last_progress = time.monotonic()
             last_error = None
-            reseeks: dict[tuple[str, int], int] = {}  # spurious "out of range" answers, per partition
-            resumed_at: dict[tuple[str, int], int] = {}  # partitions fetched again from an offset
             # librdkafka retries retriable errors (leader moves, a broker down) by itself; give up
             # only when nothing at all arrives for this long, so --resume can take over later.
             stall_timeout = max(4 * timeout, 60.0)
@@ -513,18 +506,6 @@ def run_backup(
                         if key in active and err.code() in skipped_codes:
                             buf = bufs.get(key)
                             at = buf.offsets[-1] + 1 if buf and buf.offsets else positions[key]
-                            if err.code() in out_of_range_codes and reseeks.get(key, 0) < _MAX_RESEEKS:
-                                # A broker may answer "out of range" for records it still holds
-                                # (seen right after a topic was created): fail only if they are
-                                # really gone; else fetch them again, from where we are.
-                                low, _high = _watermarks(consumer, TopicPartition(*key), timeout)
-                                if low <= at:
-                                    reseeks[key] = reseeks.get(key, 0) + 1
-                                    resumed_at[key] = at
-                                    time.sleep(0.2)
-                                    consumer.seek(TopicPartition(key[0], key[1], at))
-                                    last_error = err.str()
-                                    continue
                             raise KbsError(
                                 f"records of {key[0]}/{key[1]} from about offset {at} cannot be "
                                 f"read ({err.name()}: {err.str()}): deleted from the broker "
@@ -539,10 +520,6 @@ def run_backup(
                     off = m.offset()
                     if off >= end:
                         continue
-                    if resumed_at and key in resumed_at:  # after a seek: nothing twice
-                        if off < resumed_at[key]:
-                            continue
-                        del resumed_at[key]
                     buf = bufs.get(key)
                     if buf is None:
                         buf = bufs[key] = _PartBuf()

@@ -353,36 +353,6 @@ def test_watermark_errors_of_a_new_topic_are_retried(kafka_broker, conf, tmp_pat
     assert strip(backup_rows(url)) == strip(originals)
 
 
-def test_spurious_out_of_range_is_fetched_again(kafka_broker, conf, tmp_path, monkeypatch):
-    """An "offset out of range" for records the broker still holds (seen once in CI right after the
-    topic was created) is checked against the partition's first offset and fetched again from
-    where the backup is: every record once. Injected: a real broker gives it only in a racy window.
-    """
-    src = kafka_broker.new_topic("spurious")
-    create_topic(conf, src, 2)
-    originals = produce(conf, src, make_records(400, 2, seed=61))
-    calls = {"n": 0, "injected": 0}
-
-    class FlakyConsumer(confluent_kafka.Consumer):
-        def consume(self, *args, **kwargs):
-            msgs = super().consume(*args, **kwargs)
-            calls["n"] += 1
-            if calls["n"] in (1, 3):  # before any record of partition 0, and after some
-                calls["injected"] += 1
-                bogus = confluent_kafka.Message(topic=src, partition=0, offset=0,
-                                                error=KafkaError(KafkaError._AUTO_OFFSET_RESET))
-                msgs = [*msgs, bogus]
-            return msgs
-
-    monkeypatch.setattr(confluent_kafka, "Consumer", FlakyConsumer)
-    monkeypatch.setenv(THROTTLE_ENV, "0.01")  # 100 records per consume(): the second lands mid-way
-    url = str(tmp_path / "b")
-    res = run_backup(conf, [src], url)
-    assert calls["injected"] == 2
-    assert res.records == 400
-    assert strip(backup_rows(url)) == strip(originals)
-
-
 def test_errors_are_clear(kafka_broker, conf, tmp_path):
     with pytest.raises(KbsError, match="no topic matches"):
         run_backup(conf, ["does-not-exist-.*"], str(tmp_path / "x"))
