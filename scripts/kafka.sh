@@ -142,6 +142,9 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.flush.interval.messages=9223372036854775807
+# Tests and benchmarks replay records with 2023 timestamps: time retention (7 days by default,
+# checked every 5 min) deleted them mid-run, a flaky "missing records" in CI and the benchmark.
+log.retention.ms=-1
 num.network.threads=2
 num.io.threads=4
 background.threads=4

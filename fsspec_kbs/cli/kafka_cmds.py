@@ -173,6 +173,8 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
 @click.option("--create-topics", is_flag=True, help="Create missing target topics with enough partitions.")
 @click.option("--replication-factor", type=int, default=-1, show_default=True,
               help="For created topics (-1 = broker default).")
+@click.option("--topic-config", "topic_configs", multiple=True, metavar="KEY=VALUE",
+              help="Config of created topics (repeatable), e.g. retention.ms=-1 to keep old records.")
 @click.option("--include-offset-headers", is_flag=True, help="Add the source offset/timestamp/partition headers.")
 @click.option("--offset-header-style", type=click.Choice(["kbs", "oso"]), default="kbs", show_default=True,
               help="kbs: x-kafka-backup-* as ASCII decimal; oso: x-original-offset/-timestamp (i64 LE) and "
@@ -185,9 +187,10 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
                 config_file: str | None, quiet: bool, topics: tuple[str, ...], topic_pattern: str | None,
                 maps: tuple[str, ...], partitions: tuple[int, ...], from_time: str | None, to_time: str | None,
                 offset_ranges: tuple[str, ...], create_topics: bool, replication_factor: int,
-                include_offset_headers: bool, offset_header_style: str, restore_consumer_offsets: bool,
+                topic_configs: tuple[str, ...], include_offset_headers: bool, offset_header_style: str, restore_consumer_offsets: bool,
                 dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Restore a backup into a Kafka cluster (same partition numbers, exact records)."""
+    from fsspec_kbs.kafka.config import parse_pairs
     from fsspec_kbs.kafka.restore import parse_map, parse_offset_ranges, run_restore
 
     try:
@@ -201,7 +204,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
                 backup_url, conf, storage_options=so, topics=list(topics) or None, topic_pattern=topic_pattern,
                 mapping=parse_map(maps), partitions=list(partitions) or None, from_time=from_time, to_time=to_time,
                 offset_ranges=parse_offset_ranges(offset_ranges), create_topics=create_topics,
-                replication_factor=replication_factor, include_offset_headers=include_offset_headers,
+                replication_factor=replication_factor, topic_config=parse_pairs(topic_configs, "--topic-config"),
+                include_offset_headers=include_offset_headers,
                 offset_header_style=offset_header_style, restore_consumer_offsets=restore_consumer_offsets,
                 dry_run=dry_run, progress=advance, on_plan=lambda plans: set_total(sum(p.records for p in plans)))
     except Exception as e:
@@ -216,6 +220,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
     out.print(table)
     if res.created_topics:
         out.print(("would create" if dry_run else "created") + " topics: " + ", ".join(res.created_topics))
+    for msg in res.retention_warnings:
+        console.print(f"[bold red]warning:[/] {msg}", highlight=False)
     if restore_consumer_offsets and not dry_run and not res.group_offsets:
         out.print("no consumer-group offsets to restore (the backup's snapshot has none for these partitions)")
     for gid, offs in res.group_offsets.items():

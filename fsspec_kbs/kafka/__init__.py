@@ -7,7 +7,7 @@ so every layout :func:`fsspec_kbs.store.open_backup` detects can be restored.
 from fsspec_kbs.kafka.backup import BackupResult, IncrementalGapWarning, run_backup
 from fsspec_kbs.kafka.config import load_client_config, merge_client_config
 from fsspec_kbs.kafka.groups import GROUPS_FILE, GroupOffsets, read_group_offsets
-from fsspec_kbs.kafka.restore import RestoreResult, run_restore
+from fsspec_kbs.kafka.restore import RestoreResult, RetentionWarning, run_restore
 
 __all__ = [
     "GROUPS_FILE",
@@ -15,6 +15,7 @@ __all__ = [
     "GroupOffsets",
     "IncrementalGapWarning",
     "RestoreResult",
+    "RetentionWarning",
     "load_client_config",
     "merge_client_config",
     "read_group_offsets",

@@ -25,13 +25,13 @@ def load_client_config(path: str | Path) -> dict[str, str]:
     return out
 
 
-def parse_pairs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
+def parse_pairs(pairs: list[str] | tuple[str, ...], what: str = "client config") -> dict[str, str]:
     """``-X key=value`` pairs (values kept as strings, as librdkafka wants them)."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise KbsError(f"client config {pair!r} is not key=value")
+            raise KbsError(f"{what} {pair!r} is not key=value")
         out[key.strip()] = value
     return out
 

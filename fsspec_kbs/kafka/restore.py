@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,18 @@ class RestoreResult:
     created_topics: list[str] = field(default_factory=list)
     group_offsets: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)  # group -> (topic, p) -> offset
     dry_run: bool = False
+    #: Target topics whose time retention is shorter than the age of the records restored into them
+    #: (see :class:`RetentionWarning`), as messages.
+    retention_warnings: list[str] = field(default_factory=list)
+
+
+class RetentionWarning(UserWarning):
+    """Restored records are older than their target topic's ``retention.ms``.
+
+    Kafka deletes by record timestamp and a restore keeps the original timestamps, so the broker
+    deletes such records at its next retention check (every 5 min by default), soon after the
+    restore reported them written.
+    """
 
 
 def parse_map(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -105,6 +118,7 @@ def run_restore(
     offset_ranges: dict[tuple[str, int], tuple[int | None, int | None]] | None = None,
     create_topics: bool = False,
     replication_factor: int = -1,
+    topic_config: dict[str, str] | None = None,
     include_offset_headers: bool = False,
     offset_header_style: str = "kbs",
     restore_consumer_offsets: bool = False,
@@ -120,6 +134,9 @@ def run_restore(
     With ``restore_consumer_offsets`` every consumer group of the backup's snapshot gets, per
     restored partition, the target offset of the first restored record whose source offset is
     at or after the group's committed offset (or the end of the restored data when none is).
+    ``topic_config``: configs of the topics ``create_topics`` creates (e.g. ``{"retention.ms":
+    "-1"}``: records older than a topic's retention are deleted by the broker soon after they are
+    restored; each target topic's retention is checked and a :class:`RetentionWarning` given).
     """
     from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -195,14 +212,18 @@ def run_restore(
         result.seconds = time.monotonic() - t0
         return result
     if missing:
-        futs = admin.create_topics([NewTopic(t, num_partitions=needed[t], replication_factor=replication_factor)
-                                    for t in missing], request_timeout=timeout)
+        futs = admin.create_topics([NewTopic(t, num_partitions=needed[t], replication_factor=replication_factor,
+                                             config=dict(topic_config or {})) for t in missing],
+                                   request_timeout=timeout)
         for t, f in futs.items():
             try:
                 f.result()
             except Exception as e:  # KafkaException carries the broker's reason
                 raise KbsError(f"cannot create topic {t}: {e}") from e
         _wait_for_topics(admin, missing, timeout)
+    result.retention_warnings = _retention_warnings(admin, plans, timeout)
+    for msg in result.retention_warnings:
+        warnings.warn(msg, RetentionWarning, stacklevel=2)
 
     # -- consumer-group translation: which source offsets we need the target offset of ------------
     groups = []
@@ -353,6 +374,37 @@ def _headers_lists(hcol: pa.Array) -> list | None:
     pairs = list(zip(flat.field("key").to_pylist(), flat.field("value").to_pylist(), strict=True))
     bounds = (offsets - base).tolist()
     return [pairs[a:b] or None for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+
+
+def _retention_warnings(admin: Any, plans: list[PartitionPlan], timeout: float) -> list[str]:
+    """One message per target topic whose ``retention.ms`` is shorter than the age of the oldest
+    record restored into it (topics that only compact are left alone)."""
+    from confluent_kafka.admin import ConfigResource
+
+    oldest: dict[str, int] = {}
+    for pp in plans:
+        if pp.records and pp.min_timestamp is not None:
+            oldest[pp.target] = min(oldest.get(pp.target, pp.min_timestamp), pp.min_timestamp)
+    if not oldest:
+        return []
+    now = int(time.time() * 1000)
+    out = []
+    futs = admin.describe_configs([ConfigResource("TOPIC", t) for t in sorted(oldest)], request_timeout=timeout)
+    for res, fut in sorted(futs.items(), key=lambda kv: kv[0].name):
+        try:
+            cfg = fut.result()
+            ms = int(cfg["retention.ms"].value)
+            policy = cfg["cleanup.policy"].value or "delete"
+        except Exception:  # no right to describe configs: nothing to say, not a reason to stop
+            continue
+        age = now - oldest[res.name]
+        if "delete" in policy and 0 <= ms < age:
+            out.append(f"topic {res.name} deletes records older than retention.ms={ms} ({ms / 86_400_000:.1f} days) "
+                       f"but the oldest record restored into it is {age / 86_400_000:.1f} days old: the broker "
+                       "will delete such records at its next retention check. Raise retention.ms on the topic "
+                       "(kafka-configs --alter --add-config retention.ms=-1), or create it with "
+                       "--topic-config retention.ms=-1, and restore again")
+    return out
 
 
 def _wait_for_topics(admin: Any, topics: list[str], timeout: float) -> None:

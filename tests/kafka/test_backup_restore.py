@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import confluent_kafka
@@ -27,7 +28,13 @@ from confluent_kafka.admin import AdminClient
 from fsspec_kbs.cli.main import cli
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import CommitConflictError, KbsError
-from fsspec_kbs.kafka import IncrementalGapWarning, read_group_offsets, run_backup, run_restore
+from fsspec_kbs.kafka import (
+    IncrementalGapWarning,
+    RetentionWarning,
+    read_group_offsets,
+    run_backup,
+    run_restore,
+)
 from fsspec_kbs.kafka.backup import THROTTLE_ENV
 from fsspec_kbs.store import Checkpoint
 from fsspec_kbs.validate import validate_backup
@@ -351,6 +358,28 @@ def test_watermark_errors_of_a_new_topic_are_retried(kafka_broker, conf, tmp_pat
     assert failures["left"] == 0
     assert res.records == 100
     assert strip(backup_rows(url)) == strip(originals)
+
+
+def test_restore_warns_when_the_target_topic_would_delete_old_records(kafka_broker, conf, tmp_path):
+    """Kafka deletes by record timestamp and a restore keeps timestamps: records older than the
+    target's retention.ms would vanish at the next retention check, so the restore says so."""
+    src = kafka_broker.new_topic("retention")
+    create_topic(conf, src, 1)
+    produce(conf, src, make_records(20, 1, seed=71))  # 2023 timestamps
+    url = str(tmp_path / "b")
+    run_backup(conf, [src], url)
+    short = kafka_broker.new_topic("retention-1d")
+    with pytest.warns(RetentionWarning, match=f"topic {short} deletes records older than retention.ms=86400000"):
+        res = run_restore(url, conf, mapping={src: short}, create_topics=True,
+                          topic_config={"retention.ms": "86400000"})
+    assert len(res.retention_warnings) == 1
+    # The test broker keeps records whatever their age (scripts/kafka.sh: log.retention.ms=-1).
+    kept = kafka_broker.new_topic("retention-kept")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RetentionWarning)
+        res = run_restore(url, conf, mapping={src: kept}, create_topics=True)
+    assert res.retention_warnings == []
+    assert len(consume_all(conf, kept)) == 20
 
 
 def test_errors_are_clear(kafka_broker, conf, tmp_path):
