@@ -67,8 +67,11 @@ def run(bootstrap: str, records: int) -> None:
     kbs("backup", "-b", bootstrap, "-t", "orders", "--to", str(root), "--backup-id", "orders-1")
     kbs("validate", str(root / "orders-1"), "--deep")
     kbs("restore", str(root / "orders-1"), "-b", bootstrap, "--map", "orders:orders-restored", "--dry-run")
+    # Records keep their (here September 2026) timestamps; a topic with the usual 7-day retention
+    # would delete them minutes after the restore, so the created topic keeps them forever.
     kbs("restore", str(root / "orders-1"), "-b", bootstrap, "--map", "orders:orders-restored",
-        "--create-topics", "--include-offset-headers", "--restore-consumer-offsets")
+        "--create-topics", "--topic-config", "retention.ms=-1", "--include-offset-headers",
+        "--restore-consumer-offsets")
 
     src = {(m.partition(), m.offset()): m for m in read_topic(bootstrap, "orders", 3)}
     restored = read_topic(bootstrap, "orders-restored", 3)
