@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -114,7 +115,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
                incremental_from: str | None, include_internal: bool, no_consumer_groups: bool,
                checkpoint_interval: float, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Back up Kafka topics (a consistent cut: each partition up to its end offset at start)."""
-    from fsspec_kbs.kafka.backup import run_backup
+    from fsspec_kbs.kafka.backup import IncrementalGapWarning, run_backup
 
     try:
         if resume and not backup_id:
@@ -124,7 +125,10 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
         url, bid = _backup_url(to, backup_id)
         if not quiet:
             console.print(f"backup [bold]{bid}[/] -> {url}  (client: {redact(conf)})", highlight=False)
-        with _progress("resume" if resume else "backup", quiet) as (advance, set_total):
+        # A gap is shown in the summary table instead of as a Python warning.
+        with _progress("resume" if resume else "backup", quiet) as (advance, set_total), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore", IncrementalGapWarning)
             res = run_backup(conf, list(topics), url, storage_options=so, compression=compression, level=level,
                              segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
                              resume=resume, incremental_from=incremental_from, include_internal=include_internal,
@@ -191,7 +195,12 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
                 dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Restore a backup into a Kafka cluster (same partition numbers, exact records)."""
     from fsspec_kbs.kafka.config import parse_pairs
-    from fsspec_kbs.kafka.restore import parse_map, parse_offset_ranges, run_restore
+    from fsspec_kbs.kafka.restore import (
+        RetentionWarning,
+        parse_map,
+        parse_offset_ranges,
+        run_restore,
+    )
 
     try:
         conf = _client_config(bootstrap_servers, config_file, client_config)
@@ -199,7 +208,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
         if not quiet and not dry_run:
             console.print(f"restore {backup_url} -> {conf['bootstrap.servers']}  (client: {redact(conf)})",
                           highlight=False)
-        with _progress("restore", quiet or dry_run) as (advance, set_total):
+        with _progress("restore", quiet or dry_run) as (advance, set_total), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RetentionWarning)  # printed below, after the table
             res = run_restore(
                 backup_url, conf, storage_options=so, topics=list(topics) or None, topic_pattern=topic_pattern,
                 mapping=parse_map(maps), partitions=list(partitions) or None, from_time=from_time, to_time=to_time,

@@ -380,6 +380,15 @@ def test_restore_warns_when_the_target_topic_would_delete_old_records(kafka_brok
         res = run_restore(url, conf, mapping={src: kept}, create_topics=True)
     assert res.retention_warnings == []
     assert len(consume_all(conf, kept)) == 20
+    # The CLI prints it once, after the table, and takes the created topic's configs.
+    cli_short = kafka_broker.new_topic("retention-cli")
+    r = CliRunner().invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--map", f"{src}:{cli_short}",
+                                 "--create-topics", "--topic-config", "retention.ms=3600000"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count(f"topic {cli_short} deletes records older than retention.ms=3600000") == 1, r.output
+    r = CliRunner().invoke(cli, ["restore", url, "-b", kafka_broker.bootstrap, "--map", f"{src}:{short}",
+                                 "--topic-config", "retention.ms"])
+    assert r.exit_code != 0 and "--topic-config 'retention.ms' is not key=value" in r.output
 
 
 def test_errors_are_clear(kafka_broker, conf, tmp_path):
