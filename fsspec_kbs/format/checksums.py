@@ -7,6 +7,7 @@ for ``zlib.crc32``. It releases the GIL, so checks on several decoding threads r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,6 +53,7 @@ def _mult_mod_p(a, b):  # type: ignore[no-untyped-def]
     return p
 
 
+@functools.cache  # computed on first use (it compiles _mult_mod_p), then shared
 def _powers() -> np.ndarray:
     """x^(2^k) modulo the polynomial, for k = 0..63."""
     table = np.zeros(64, dtype=np.uint64)
@@ -59,9 +61,6 @@ def _powers() -> np.ndarray:
     for k in range(1, 64):
         table[k] = _mult_mod_p(table[k - 1], table[k - 1])
     return table
-
-
-_x2n: list[np.ndarray] = []  # _powers(), computed on first use (it compiles _mult_mod_p)
 
 
 @kernel
@@ -81,9 +80,7 @@ def crc64_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC-64/XZ of ``A + B`` from ``crc64_xz(A)``, ``crc64_xz(B)`` and ``len(B)``."""
     if len2 <= 0:
         return crc1
-    if not _x2n:
-        _x2n.append(_powers())
-    return int(_combine(np.uint64(crc1), np.uint64(crc2), np.int64(len2), _x2n[0]))
+    return int(_combine(np.uint64(crc1), np.uint64(crc2), np.int64(len2), _powers()))
 
 
 @kernel
@@ -100,6 +97,4 @@ def crc64_join(shares: Sequence[int], lengths: Sequence[int]) -> int:
     (a segment's chunks are joined once, at its end, not chunk by chunk on the consumer)."""
     if not shares:
         return 0
-    if not _x2n:
-        _x2n.append(_powers())
-    return int(_join_all(np.array(shares, dtype=np.uint64), np.array(lengths, dtype=np.int64), _x2n[0]))
+    return int(_join_all(np.array(shares, dtype=np.uint64), np.array(lengths, dtype=np.int64), _powers()))
