@@ -325,6 +325,9 @@ _END = object()  # a segment's last task is behind: run its end checks
 
 
 class _Failure:
+    """A decode task's error, returned as its result: ``run_in_order`` would raise its own
+    ``_Raised`` at once, without the key that says which segment failed (skip mode needs it)."""
+
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
