@@ -185,6 +185,26 @@ def test_decompress_refuses_size_lies() -> None:
             assert bytes(out) == data
 
 
+@pytest.mark.parametrize("arrow_zstd", [True, False], ids=["arrow-zstd", "python-zstandard"])
+def test_zstd_batch_must_be_exactly_one_frame(monkeypatch: pytest.MonkeyPatch, arrow_zstd: bool) -> None:
+    import zstandard
+
+    from fsspec_kbs.format import codecs
+
+    if not arrow_zstd:
+        monkeypatch.setattr(codecs, "_ARROW_ZSTD", None)
+    elif codecs._ARROW_ZSTD is None:
+        pytest.skip("this pyarrow has no zstd")
+    data = bytes(range(256)) * 40
+    frame = zstandard.ZstdCompressor().compress(data)
+    out = decompress(Codec.ZSTD, memoryview(frame), len(data))
+    assert bytes(out) == data
+    for b in (frame + b"trailing", frame + frame, frame[:-3], zstandard.ZstdCompressor().compress(data[:-1])):
+        with pytest.raises(DecompressionError):
+            decompress(Codec.ZSTD, b, len(data))
+    assert bytes(decompress(Codec.ZSTD, frame, len(data))) == data  # still usable after errors
+
+
 def test_fallback_kernels_agree_with_jit() -> None:
     if not k.JIT_ENABLED:
         pytest.skip("numba JIT disabled: only the fallback path exists")
