@@ -3,8 +3,9 @@
 Run ``python -m benchmarks.read`` (``--quick`` for a smaller run). For each codec it prints
 
 * the reference: the codec's own decompression of every batch frame of the segments
-  (``none``: reading the segment files), single-threaded, in uncompressed MB/s; for zstd the
-  faster of python-zstandard and Arrow's zstd (which the decoder uses), each measured here;
+  (``none``: reading the segment files), single-threaded, in uncompressed MB/s; for zstd and
+  lz4 the faster of the codec's Python package and Arrow's build of it (which the decoder
+  uses), each measured here;
 * our decode of the same segments into Arrow record batches (CRC-64 + CRC-32 checks on,
   decompression, record decoding, Arrow construction) single-threaded, and its ratio;
 * the same with checks off, giving the cost of the checks;
@@ -33,6 +34,7 @@ import zstandard
 from benchmarks.common import MB, best_time, columns_for_bytes, report, save
 from fsspec_kbs.arrow.convert import columns_to_batch
 from fsspec_kbs.dataset import CHUNK_BYTES, KbsDataset
+from fsspec_kbs.format.codecs import PAYLOAD_POOL
 from fsspec_kbs.format.segment import SegmentReader
 from fsspec_kbs.store import BackupWriter
 
@@ -82,19 +84,23 @@ def reference(codec: str, files: list[Path], frames: list[memoryview]) -> None:
                 fh.read()
 
 
-def _arrow_zstd(frames: list[memoryview], sizes: list[int]) -> None:
-    codec = pa.Codec("zstd")
+def _arrow_codec(codec: str, frames: list[memoryview], sizes: list[int]) -> None:
+    arrow = pa.Codec(codec)
     for fr, n in zip(frames, sizes, strict=True):
-        codec.decompress(fr, decompressed_size=n)
+        arrow.decompress(fr, decompressed_size=n, memory_pool=PAYLOAD_POOL)
 
 
 def reference_time(codec: str, files: list[Path], frames: list[memoryview], repeat: int) -> float:
-    """Best time of the reference; for zstd, of whichever of the two libraries is faster now."""
+    """Best time of the reference; for zstd and lz4, of whichever library is faster now: the
+    codec's Python package or Arrow's build of it (which the decoder uses)."""
     t = best_time(lambda: reference(codec, files, frames), repeat)
     if codec == "zstd":
         sizes = [zstandard.frame_content_size(fr) for fr in frames]
-        t = min(t, best_time(lambda: _arrow_zstd(frames, sizes), repeat))
-    return t
+    elif codec == "lz4":
+        sizes = [lz4.frame.get_frame_info(fr)["content_size"] for fr in frames]
+    else:
+        return t
+    return min(t, best_time(lambda: _arrow_codec(codec, frames, sizes), repeat))
 
 
 def _two_threads(fn: Any, *args: Any) -> None:

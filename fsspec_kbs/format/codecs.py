@@ -32,20 +32,27 @@ _local = threading.local()
 # pages out again. python-zstandard returns a fresh ``bytes`` each time: once a chunk's few
 # payloads are freed together glibc trims them off the heap, and zstd then takes a page fault
 # every 4 KiB of output (in a new process, ~32,000 faults and ~25 % of a 128 MB scan's time).
-# Arrow also checks that the frame fills the buffer exactly. jemalloc, where pyarrow has it,
-# because mimalloc kept ~20 MB more of these short-lived buffers mapped in a long scan. Builds
-# of pyarrow without zstd fall back to python-zstandard.
+# Arrow also checks that the frame fills the buffer exactly. Builds of pyarrow without zstd
+# fall back to python-zstandard.
 _ARROW_ZSTD = pa.Codec("zstd") if pa.Codec.is_available("zstd") else None
+# Arrow's LZ4 frame decoder ran 1.5x faster than cramjam here. It reports no output size, but
+# liblz4 fails a frame that does not decode to the content size in its header: frames that
+# declare the batch's size go to Arrow, any other frame to cramjam, which counts.
+_ARROW_LZ4 = pa.Codec("lz4") if pa.Codec.is_available("lz4") else None
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 
 def _payload_pool() -> pa.MemoryPool:
+    # jemalloc, where pyarrow has it: mimalloc kept ~20 MB more of these short-lived buffers
+    # mapped through a long scan.
     try:
         return pa.jemalloc_memory_pool()
     except NotImplementedError:
         return pa.default_memory_pool()
 
 
-_ZSTD_POOL = _payload_pool()
+#: The memory pool decompressed batches come from.
+PAYLOAD_POOL = _payload_pool()
 
 
 def codec_from_code(code: int) -> Codec:
@@ -117,7 +124,7 @@ def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | n
     try:
         # The output buffer is the bound: without a declared size, any excess fails the call.
         if _ARROW_ZSTD is not None:
-            buf = _ARROW_ZSTD.decompress(frame, decompressed_size=expected_size, memory_pool=_ZSTD_POOL)
+            buf = _ARROW_ZSTD.decompress(frame, decompressed_size=expected_size, memory_pool=PAYLOAD_POOL)
             return np.frombuffer(buf, np.uint8)
         out = _zstd_decompressor().decompress(
             frame, max_output_size=max(expected_size, 1), allow_extra_data=False)
@@ -132,13 +139,31 @@ def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | n
     return out
 
 
+def _lz4_content_size(frame: bytes | memoryview) -> int:
+    """The content size an LZ4 frame's header declares, or -1."""
+    if len(frame) >= 15 and bytes(frame[:4]) == _LZ4_MAGIC and frame[4] & 0x08:
+        return int.from_bytes(frame[6:14], "little")
+    return -1
+
+
 def _lz4_decompress(frame: bytes | memoryview, expected_size: int) -> np.ndarray:
+    declared = _lz4_content_size(frame)
+    if declared not in (-1, expected_size):
+        raise DecompressionError(
+            f"lz4 frame declares {declared} uncompressed bytes but the batch header says {expected_size}"
+        )
+    if declared == expected_size and _ARROW_LZ4 is not None:
+        try:
+            buf = _ARROW_LZ4.decompress(frame, decompressed_size=expected_size, memory_pool=PAYLOAD_POOL)
+        except OSError as e:
+            raise DecompressionError(
+                f"lz4 frame does not decompress to exactly the declared {expected_size} bytes: {e}"
+            ) from e
+        return np.frombuffer(buf, np.uint8)
     # cramjam decompresses straight into an array of the declared size and fails on more:
     # the bound is the buffer. (python-lz4's LZ4FrameDecompressor copied memoryview input
-    # holding the GIL and was the main GIL holder when threads decoded; cramjam releases it
-    # and ran ~2x faster on these frames.)
-    # glibc's heap: with cramjam's own buffers beside them, payloads from jemalloc or mimalloc
-    # took a page fault every 4 KiB and decoded ~25 % slower.
+    # holding the GIL; cramjam releases it.) From glibc's heap: beside cramjam's own buffers,
+    # payloads from jemalloc or mimalloc took a page fault every 4 KiB.
     pool = pa.system_memory_pool()
     out = np.frombuffer(pa.allocate_buffer(max(1, expected_size), pool), np.uint8, count=expected_size)
     try:

@@ -172,13 +172,22 @@ def test_decompress_refuses_size_lies() -> None:
         decompress(Codec.LZ4, lz4.frame.compress(b"y" * 1000, store_size=False), 10)
     with pytest.raises(DecompressionError):
         decompress(Codec.LZ4, lz4.frame.compress(b"y" * 1000)[:-5], 1000)
-    frame = lz4.frame.compress(bytes(range(256)) * 40)
-    with pytest.raises(DecompressionError, match="more than the declared 100 bytes"):
+    frame = lz4.frame.compress(bytes(range(256)) * 40)  # declares its size: Arrow's decoder
+    with pytest.raises(DecompressionError, match="declares 10240 uncompressed bytes but the batch header says 100"):
         decompress(Codec.LZ4, frame, 100)
-    with pytest.raises(DecompressionError, match="decompressed to 10240 bytes but the batch header says 10245"):
-        decompress(Codec.LZ4, frame, 10245)
     with pytest.raises(DecompressionError):
         decompress(Codec.LZ4, frame + b"xyz", 10240)
+    unsized = lz4.frame.compress(bytes(range(256)) * 40, store_size=False)  # cramjam
+    with pytest.raises(DecompressionError, match="more than the declared 100 bytes"):
+        decompress(Codec.LZ4, unsized, 100)
+    with pytest.raises(DecompressionError, match="decompressed to 10240 bytes but the batch header says 10245"):
+        decompress(Codec.LZ4, unsized, 10245)
+    # A header that lies about the size (its own checksum is valid): liblz4 fails the frame.
+    other = lz4.frame.compress(b"b" * 4000, store_size=False)
+    lie = lz4.frame.compress(b"a" * 5000)[:15] + other[7:]
+    for size in (5000, 4000):
+        with pytest.raises(DecompressionError):
+            decompress(Codec.LZ4, lie, size)
     for data in (b"", bytes(range(256)) * 40):  # with and without the content size in the frame
         for store_size in (True, False):
             out = decompress(Codec.LZ4, memoryview(lz4.frame.compress(data, store_size=store_size)), len(data))
