@@ -12,6 +12,10 @@ Run ``python -m benchmarks.read`` (``--quick`` for a smaller run). For each code
 * both again with zero-copy ``binary_view`` output (``binary_view=True``);
 * the whole dataset scan (``KbsDataset.to_batches``) with one thread and with the thread
   pool, giving the multi-core speed-up;
+* the one-thread decode and the reference again in a new process that only loaded the
+  segments: the rest of the run measures in a process whose heap generating the data warmed
+  up, and how an allocator reuses memory changes the figures by up to 2x (see
+  ``docs/performance.md``);
 
 then a sweep over record sizes (zstd) for the plot. Results go to ``benchmarks/results/read.json``.
 """
@@ -19,7 +23,10 @@ then a sweep over record sizes (zstd) for the plot. Results go to ``benchmarks/r
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -124,6 +131,27 @@ def decode(codec: str, files: list[Path], datas: list[bytes], verify: bool, view
     return rows
 
 
+_NEW_PROCESS = """
+import json, sys
+from pathlib import Path
+from benchmarks.common import best_time
+from benchmarks.read import decode, frames_of, reference_time
+codec, repeat, files = sys.argv[1], int(sys.argv[2]), [Path(f) for f in sys.argv[3:]]
+datas, frames, total = frames_of(files)
+decode(codec, files, datas, True)  # loads the cached kernels
+t = best_time(lambda: decode(codec, files, datas, True), repeat)
+print(json.dumps({"decode": t, "reference": reference_time(codec, files, frames, repeat), "total": total}))
+"""
+
+
+def new_process(codec: str, files: list[Path], repeat: int) -> dict[str, float]:
+    """Best one-thread decode and reference times in a new process (see the module docstring)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _NEW_PROCESS, codec, str(repeat), *map(str, files)],
+                         check=True, capture_output=True, text=True, cwd=root)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def scan(url: Path, threads: bool, views: bool = False) -> int:
     batches = KbsDataset.open(str(url)).to_batches(use_threads=threads, binary_view=views)
     return sum(b.num_rows for b in batches)
@@ -180,6 +208,11 @@ def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: 
     rows.append(report(f"{codec}: thread pool speed-up over 1 thread", t_st / t_mt, unit="x"))
     rows[-1]["target"] = TARGET_SPEEDUP
     rows[-1]["meets_target"] = t_st / t_mt >= TARGET_SPEEDUP
+    fresh = new_process(codec, files, repeat)
+    fresh_ref = total / fresh["reference"] / MB
+    rows.append(report(f"{codec}: new process: reference", fresh_ref))
+    rows.append(report(f"{codec}: new process: decode -> Arrow, CRC on, 1 thread", total / fresh["decode"] / MB,
+                       ref=fresh_ref))
     for r in rows:
         r["codec"] = codec
     return rows
