@@ -27,7 +27,7 @@ import zstandard
 from benchmarks.common import MB, best_time, columns_for_bytes, report, save
 from fsspec_kbs.arrow.convert import batch_to_columns, columns_to_batch
 from fsspec_kbs.format.codecs import Codec
-from fsspec_kbs.format.records import encode_batches
+from fsspec_kbs.format.records import encode_batches, plan_encode
 from fsspec_kbs.format.segment import assemble_segment, compress_batch
 from fsspec_kbs.store import BackupWriter
 
@@ -55,8 +55,8 @@ def encode(batch: pa.RecordBatch) -> int:
     ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
     cols = batch_to_columns(batch, offsets, ts)
     out, pending, size = 0, [], 0
-    for eb in encode_batches(cols, BATCH):
-        cb = compress_batch(eb, Codec.ZSTD, 3)
+    for encode_one in plan_encode(cols, BATCH):  # as BackupWriter does: each batch just in time
+        cb = compress_batch(encode_one(), Codec.ZSTD, 3)
         pending.append(cb)
         size += cb.size
         if size >= SEGMENT:

@@ -1,8 +1,14 @@
-"""Pure KBS format code: bytes <-> records. No I/O, no fsspec, no pyarrow."""
+"""Pure KBS format code: bytes <-> records. No I/O, no fsspec (pyarrow only for its memory pools and codecs)."""
 
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES, Codec, compress, decompress
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
-from fsspec_kbs.format.records import EncodedBatch, Payload, decode_payloads, encode_batches
+from fsspec_kbs.format.records import (
+    EncodedBatch,
+    Payload,
+    decode_payloads,
+    encode_batches,
+    plan_encode,
+)
 from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
     FOOTER_SIZE,
@@ -44,4 +50,5 @@ __all__ = [
     "encode_batches",
     "decompress",
     "encode_segment",
+    "plan_encode",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -215,11 +216,14 @@ class EncodedBatch:
     max_timestamp: int
 
 
-def encode_batches(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 1) -> list[EncodedBatch]:
-    """Split ``cols`` into batches of at most ``max_bytes`` uncompressed bytes and encode each.
+def plan_encode(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 1) -> list[Callable[[], EncodedBatch]]:
+    """Split ``cols`` into batches of at most ``max_bytes`` uncompressed bytes: one call per
+    batch, in order, that encodes it.
 
-    Offsets must strictly increase (the caller checks; the codec would produce invalid
-    deltas otherwise).
+    Encoding each batch only when it is about to be compressed keeps one batch per thread in
+    memory instead of the whole input a second time, and the batch is still in cache when
+    the compressor reads it. Offsets must strictly increase (the caller checks; the codec
+    would produce invalid deltas otherwise).
     """
     if len(cols) == 0:
         return []
@@ -231,29 +235,31 @@ def encode_batches(cols: RecordColumns, max_bytes: int, max_records: int = 2**31
         cols.header_offsets, cols.header_key_offsets, cols.header_value_offsets,
         cols.header_value_valid, max_bytes, max_records, cuts, sizes,
     )
-    sizes = sizes[:nb]
-    out = []
-    for b in range(len(sizes)):
-        r0, r1 = int(cuts[b]), int(cuts[b + 1])
-        buf = np.empty(int(sizes[b]), dtype=np.uint8)
-        end = k.encode_records(
-            r0, r1, buf, cols.offsets, cols.timestamps,
-            cols.key_offsets, cols.key_data, cols.key_valid,
-            cols.value_offsets, cols.value_data, cols.value_valid,
-            cols.header_offsets, cols.header_key_offsets, cols.header_key_data,
-            cols.header_value_offsets, cols.header_value_data, cols.header_value_valid,
-        )
-        if end != len(buf):  # pragma: no cover - plan and encode disagree: a bug, not bad data
-            raise AssertionError(f"batch encoded to {end} bytes, planned {len(buf)}")
-        ts = cols.timestamps[r0:r1]
-        out.append(
-            EncodedBatch(
-                data=buf,
-                base_offset=int(cols.offsets[r0]),
-                last_offset=int(cols.offsets[r1 - 1]),
-                count=r1 - r0,
-                min_timestamp=int(ts.min()),
-                max_timestamp=int(ts.max()),
-            )
-        )
-    return out
+    return [partial(_encode_batch, cols, int(cuts[b]), int(cuts[b + 1]), int(sizes[b])) for b in range(nb)]
+
+
+def _encode_batch(cols: RecordColumns, r0: int, r1: int, size: int) -> EncodedBatch:
+    buf = empty_array(size, np.uint8)
+    end = k.encode_records(
+        r0, r1, buf, cols.offsets, cols.timestamps,
+        cols.key_offsets, cols.key_data, cols.key_valid,
+        cols.value_offsets, cols.value_data, cols.value_valid,
+        cols.header_offsets, cols.header_key_offsets, cols.header_key_data,
+        cols.header_value_offsets, cols.header_value_data, cols.header_value_valid,
+    )
+    if end != len(buf):  # pragma: no cover - plan and encode disagree: a bug, not bad data
+        raise AssertionError(f"batch encoded to {end} bytes, planned {len(buf)}")
+    ts = cols.timestamps[r0:r1]
+    return EncodedBatch(
+        data=buf,
+        base_offset=int(cols.offsets[r0]),
+        last_offset=int(cols.offsets[r1 - 1]),
+        count=r1 - r0,
+        min_timestamp=int(ts.min()),
+        max_timestamp=int(ts.max()),
+    )
+
+
+def encode_batches(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 1) -> list[EncodedBatch]:
+    """Every batch of :func:`plan_encode`, encoded."""
+    return [encode() for encode in plan_encode(cols, max_bytes, max_records)]

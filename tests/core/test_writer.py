@@ -167,3 +167,43 @@ def test_deep_validate_checks_batch_crc_under_a_valid_crc64(tmp_path: Path) -> N
     report = validate_backup(str(url), deep=True)
     assert [d.error for d in report.defects] == ["ChecksumError"]
     assert "CRC-32" in report.defects[0].message and "at byte 52" in report.defects[0].message
+
+
+def test_compression_threads_write_the_same_bytes(tmp_path: Path) -> None:
+    """Batches encoded and compressed on the pool come back in order: same files as one thread."""
+    data = cols(list(range(0, 3000, 3)), size=700)
+    for threads in (1, 3):
+        with BackupWriter(str(tmp_path / f"b{threads}"), batch_max_bytes=4000, segment_max_bytes=3000,
+                          compress_threads=threads) as w:
+            w.write_columns("t", 0, data)
+    one = sorted((tmp_path / "b1/topics/t/0").iterdir())
+    three = sorted((tmp_path / "b3/topics/t/0").iterdir())
+    assert len(one) > 3 and [f.name for f in one] == [f.name for f in three]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, three, strict=True))
+
+
+def test_ordered_map_keeps_order_and_bounds_work_ahead() -> None:
+    import concurrent.futures as cf
+    import threading
+
+    from fsspec_kbs.store.writer import _ordered_map
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            started.append(i)
+        if i == 7:
+            raise ValueError("batch 7")
+        return i * i
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        it = _ordered_map(pool, work, list(range(100)), window=4)
+        assert next(it) == 0
+        pool.submit(lambda: None).result()  # let queued work start
+        assert len(started) <= 5  # the window, plus the one submitted after taking the first
+        assert [next(it) for _ in range(6)] == [1, 4, 9, 16, 25, 36]
+        with pytest.raises(ValueError, match="batch 7"):
+            next(it)
+    assert max(started) < 7 + 4 + 1  # nothing far past the failure was started
