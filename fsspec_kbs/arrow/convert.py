@@ -88,7 +88,7 @@ def _views(typ: pa.DataType, views: np.ndarray, buffers: list[pa.Buffer], valid:
 
 def _data_buffers(cols: RecordColumns | ViewColumns) -> list[pa.Buffer]:
     """The decompressed batches a :class:`ViewColumns`' views point into (none for copies)."""
-    return [pa.py_buffer(b) for b in cols.buffers] if isinstance(cols, ViewColumns) else []
+    return [arrow_buffer(b) for b in cols.buffers] if isinstance(cols, ViewColumns) else []
 
 
 def _header_parts(cols: RecordColumns | ViewColumns, bufs: list[pa.Buffer]) -> tuple[pa.Array, pa.Array, pa.DataType]:

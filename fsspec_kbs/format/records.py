@@ -45,8 +45,8 @@ class Payload:
 
 
 def as_uint8(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        return data.view(np.uint8)
+    if isinstance(data, np.ndarray):  # as it is when it is one: a view would hide its base buffer
+        return data if data.dtype == np.uint8 else data.view(np.uint8)
     return np.frombuffer(data, dtype=np.uint8)
 
 
