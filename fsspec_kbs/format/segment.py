@@ -310,12 +310,16 @@ class SegmentFooter:
     @classmethod
     def parse(cls, data: bytes | memoryview, path: str | None = None) -> SegmentFooter:
         """Parse the footer from the last 16 bytes of a whole segment file."""
-        size = len(data)
+        return cls.parse_tail(data[-FOOTER_SIZE:], len(data), path)
+
+    @classmethod
+    def parse_tail(cls, tail: bytes | memoryview, size: int, path: str | None = None) -> SegmentFooter:
+        """Parse the footer from the last 16 bytes (``tail``) of a segment file of ``size`` bytes."""
         if size < HEADER_SIZE + FOOTER_SIZE:
             raise TruncatedSegmentError(
                 f"file is {size} bytes, too short for header and footer", path, size
             )
-        last, batches, magic = _FOOTER.unpack_from(data, size - FOOTER_SIZE)
+        last, batches, magic = _FOOTER.unpack(tail)
         if magic != FOOTER_MAGIC:
             raise TruncatedSegmentError(
                 f"no {FOOTER_MAGIC.decode()} footer at the end of the file ({size} bytes): "

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_kbs.errors import (
     BackupNotFoundError,
@@ -38,6 +39,7 @@ from fsspec_kbs.store.names import (
     segment_name,
 )
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
+from fsspec_kbs.store.pooled import read_pooled
 from fsspec_kbs.store.stream import STREAM_BLOCK_SIZE, STREAM_MIN_BYTES, SegmentStream
 
 
@@ -305,10 +307,24 @@ class KbsBackup:
         check_size(ref, len(data))
         return data
 
+    def read_segment(self, ref: SegmentRef) -> bytes | memoryview:
+        """A whole segment file, for decoding: :meth:`read_segment_bytes`, except that local
+        files are read straight into Arrow pool memory (see :mod:`~fsspec_kbs.store.pooled`;
+        other filesystems' bytes come from their network layer anyway)."""
+        if not isinstance(self.fs, LocalFileSystem):
+            return self.read_segment_bytes(ref)
+        try:
+            with self.fs.open(ref.path, "rb") as f:
+                data = read_pooled(f, f.size + 1)  # one byte more: a file grown past its size shows
+        except FileNotFoundError as e:
+            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+        check_size(ref, len(data))
+        return data
+
     def open_segment(self, ref: SegmentRef, verify_checksums: bool = True,
                      batch_crc: bool = False) -> SegmentReader:
         """Read and check a segment; ``batch_crc`` also checks every batch CRC-32 (deep validation)."""
-        reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums, batch_crc=batch_crc)
+        reader = SegmentReader(self.read_segment(ref), ref.path, verify_checksums, batch_crc=batch_crc)
         self._check_crc64(ref, reader.header.checksum)
         return reader
 
@@ -325,7 +341,7 @@ class KbsBackup:
         """
         size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
         if size < self.stream_min_bytes:
-            reader = SegmentReader(self.read_segment_bytes(ref), ref.path, verify_checksums, crc64_last=True)
+            reader = SegmentReader(self.read_segment(ref), ref.path, verify_checksums, crc64_last=True)
             self._check_crc64(ref, reader.header.checksum)
             return OpenedSegment(ref, reader)
         try:

@@ -273,7 +273,7 @@ class OsoBackup(KbsBackup):
 
     def open_segment(self, ref: SegmentRef, verify_checksums: bool = True) -> OsoSegment:  # type: ignore[override]
         """Read, check and decode a whole segment, cross-checked against the manifest."""
-        seg = decode_segment(self.read_segment_bytes(ref), ref.path, verify_checksum=verify_checksums,
+        seg = decode_segment(self.read_segment(ref), ref.path, verify_checksum=verify_checksums,
                              max_uncompressed=self.max_uncompressed(ref))
         if seg.legacy:
             cols = seg.legacy_columns

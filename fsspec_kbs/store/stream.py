@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import IO
-
-import numpy as np
+from typing import IO, NoReturn
 
 from fsspec_kbs.errors import SegmentMismatchError, TruncatedSegmentError
 from fsspec_kbs.format import segment as seg
@@ -36,6 +34,7 @@ from fsspec_kbs.format.segment import (
     SegmentReader,
     read_batch_header,
 )
+from fsspec_kbs.store.pooled import read_pooled
 
 #: Segments at least this large are streamed by ``KbsBackup.iter_columns``. One read-ahead
 #: block: a smaller file would be fetched in one request anyway. Segments read whole are held
@@ -54,7 +53,7 @@ class _Chunk(SegmentReader):
     positions, so every error names the file offset.
     """
 
-    def __init__(self, parts: dict[int, tuple[bytes, bytes]], header: SegmentHeader, path: str | None,
+    def __init__(self, parts: dict[int, tuple[bytes, memoryview]], header: SegmentHeader, path: str | None,
                  verify: bool) -> None:
         # No super().__init__(): it parses and checks a whole file.
         self.parts = parts
@@ -62,7 +61,7 @@ class _Chunk(SegmentReader):
         self.path = path
         self._check_batch_crc = self._crc64_last = verify
 
-    def _frame(self, info: BatchInfo) -> bytes:
+    def _frame(self, info: BatchInfo) -> memoryview:
         return self.parts[info.position][1]
 
     def _crc64_share(self, info: BatchInfo, crc: int) -> int:
@@ -102,30 +101,32 @@ class SegmentStream:
 
     def _read(self, n: int, pos: int) -> bytes:
         data = self.f.read(n)
-        if len(data) != n:  # only when the file shrank after its size was taken
-            raise TruncatedSegmentError(
-                f"file ends after {pos + len(data)} bytes, expected {self.size}", self.path, pos + len(data))
+        if len(data) != n:
+            self._truncated(pos + len(data))
         return data
+
+    def _truncated(self, at: int) -> NoReturn:
+        # Only when the file shrank after its size was taken.
+        raise TruncatedSegmentError(f"file ends after {at} bytes, expected {self.size}", self.path, at)
 
     def _parse_footer(self) -> SegmentFooter:
         if self.size < HEADER_SIZE + FOOTER_SIZE:
-            return SegmentFooter.parse(bytes(self.size), self.path)  # raises: file too short
+            return SegmentFooter.parse_tail(b"", self.size, self.path)  # raises: file too short
         self.f.seek(self.size - FOOTER_SIZE)
         tail = self._read(FOOTER_SIZE, self.size - FOOTER_SIZE)
         self.f.seek(HEADER_SIZE)
-        # SegmentFooter.parse takes the whole file (its size is in its checks and messages).
-        # np.zeros is calloc'd: the untouched pages of this stand-in are never backed by memory.
-        stand_in = np.zeros(self.size, dtype=np.uint8)
-        stand_in[-FOOTER_SIZE:] = np.frombuffer(tail, dtype=np.uint8)
-        return SegmentFooter.parse(memoryview(stand_in), self.path)
+        return SegmentFooter.parse_tail(tail, self.size, self.path)
 
-    def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, bytes, bytes]:
+    def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, bytes, memoryview]:
         """Read the batch at ``pos``, with the header checks of ``SegmentReader.batches``."""
         end = self.size - FOOTER_SIZE
         # Read no header bytes past the footer: read_batch_header reports the stray bytes.
         head = self._read(BATCH_HEADER_SIZE, pos) if end - pos >= BATCH_HEADER_SIZE else b""
         info = read_batch_header(head, pos, index, prev_base, end, self.codec, self.path, data_start=pos)
-        return info, head, self._read(info.compressed_size, info.data_position)
+        frame = read_pooled(self.f, info.compressed_size)
+        if len(frame) != info.compressed_size:
+            self._truncated(info.data_position + len(frame))
+        return info, head, frame
 
     def _chunks(self, max_chunk_bytes: int) -> Iterator[tuple[_Chunk, list[BatchInfo]]]:
         """Runs of whole batches of about ``max_chunk_bytes`` (uncompressed), not yet checksummed."""
@@ -136,7 +137,7 @@ class SegmentStream:
         while pos < end:
             size = 0
             group: list[BatchInfo] = []
-            parts: dict[int, tuple[bytes, bytes]] = {}
+            parts: dict[int, tuple[bytes, memoryview]] = {}
             while pos < end and size < max_chunk_bytes:
                 info, head, frame = self._batch(pos, batches, prev_base)
                 group.append(info)

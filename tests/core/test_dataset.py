@@ -54,13 +54,13 @@ def test_opened_segments_are_counted(url: str, monkeypatch: pytest.MonkeyPatch) 
     from fsspec_kbs.store.backup import KbsBackup
 
     opened: list[str] = []
-    real = KbsBackup.read_segment_bytes
+    real = KbsBackup.read_segment  # what readers read whole segments with
 
     def spy(self, ref):  # type: ignore[no-untyped-def]
         opened.append(ref.name)
         return real(self, ref)
 
-    monkeypatch.setattr(KbsBackup, "read_segment_bytes", spy)
+    monkeypatch.setattr(KbsBackup, "read_segment", spy)
     fsspec_kbs.read_table(url, topics="user.events-v2")
     assert opened == ["segment-00000000.kbs"]
 

@@ -210,3 +210,40 @@ def test_streamed_from_s3_with_flip(s3_root: str, s3_storage_options: dict, tmp_
         b.stream_min_bytes = t
         seen.append(_outcome(partial(list, b.iter_columns(b.segments()[1]))))
     assert seen[0] == seen[1] and seen[0][0] != "ok" and seen[0][1] == ref.path
+
+
+def test_segment_shrinking_while_streamed_names_where_it_ends(tmp_path: Path) -> None:
+    """The size is taken when the stream opens; a file cut later fails at the byte it ends."""
+    from fsspec_kbs.errors import TruncatedSegmentError
+
+    path = tmp_path / "s.kbs"
+    data = _segment(Codec.ZSTD)
+    path.write_bytes(data)
+    cut = len(data) // 2
+    with open(path, "rb") as f:
+        stream = SegmentStream(f, len(data), str(path))
+        with open(path, "r+b") as g:
+            g.truncate(cut)
+        with pytest.raises(TruncatedSegmentError) as e:
+            list(stream.iter_columns())
+    assert e.value.offset == cut and str(path) in str(e.value)
+
+
+def test_read_pooled_gathers_short_reads_and_stops_at_the_end() -> None:
+    import io
+
+    from fsspec_kbs.store.pooled import read_pooled
+
+    class Trickle(io.RawIOBase):  # hands out at most 7 bytes per call, like a slow pipe
+        def __init__(self, data: bytes) -> None:
+            self.src = io.BytesIO(data)
+
+        def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+            chunk = self.src.read(min(7, len(b)))
+            b[: len(chunk)] = chunk
+            return len(chunk)
+
+    data = bytes(range(256)) * 3
+    assert bytes(read_pooled(Trickle(data), 500)) == data[:500]
+    assert bytes(read_pooled(Trickle(data), 10_000)) == data  # fewer only at the end
+    assert bytes(read_pooled(Trickle(b""), 16)) == b""
