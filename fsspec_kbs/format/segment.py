@@ -238,10 +238,11 @@ class ChunkChecks:
         self.source._check_end(crc, self.prev_last if self.started else 0)
 
 
-def iter_checked(source: ChunkSource, max_chunk_bytes: int, threads: int | None,
-                 views: bool) -> Iterator[RecordColumns | ViewColumns]:
-    """Decode ``source`` chunk by chunk (threads as :func:`run_in_order`), checked in order."""
-    checks = ChunkChecks(source)
+def iter_checked(source: ChunkSource, max_chunk_bytes: int, threads: int | None, views: bool,
+                 checks: ChunkChecks | None = None) -> Iterator[RecordColumns | ViewColumns]:
+    """Decode ``source`` chunk by chunk (threads as :func:`run_in_order`), checked in order
+    by ``checks`` (default: a new :class:`ChunkChecks` of ``source``)."""
+    checks = ChunkChecks(source) if checks is None else checks
     for group, result in run_in_order(source.decode_tasks(max_chunk_bytes, views), threads):
         yield checks.accept(group, result)
     checks.finish()

@@ -13,23 +13,22 @@ from fsspec_kbs.format.segment import (
     ChunkSource,
     Decoded,
     DecodeTask,
-    run_in_order,
+    iter_checked,
 )
 
 if TYPE_CHECKING:
     from fsspec_kbs.store.backup import SegmentRef
 
 
-class OpenedSegment:
+class OpenedSegment(ChunkChecks):
     """One segment's decode tasks (:meth:`decode_tasks`, run on any thread) and the checks of
     their results, fed in order to :meth:`accept`; :meth:`finish` runs the end checks,
     including what the manifest says of the segment (records, first and last offset)."""
 
     def __init__(self, ref: SegmentRef, source: ChunkSource, file: IO[bytes] | None = None) -> None:
+        super().__init__(source)
         self.ref = ref
-        self.source = source
         self._file = file
-        self._checks = ChunkChecks(source)
         self.records = 0
         self.first: int | None = None
         self.last: int | None = None
@@ -38,7 +37,7 @@ class OpenedSegment:
         return self.source.decode_tasks(max_chunk_bytes, views)
 
     def accept(self, group: Sequence[BatchInfo], result: Decoded) -> RecordColumns | ViewColumns:
-        cols = self._checks.accept(group, result)
+        cols = super().accept(group, result)
         if len(cols):
             if self.first is None:
                 self.first = int(cols.offsets[0])
@@ -47,7 +46,7 @@ class OpenedSegment:
         return cols
 
     def finish(self) -> None:
-        self._checks.finish()
+        super().finish()
         ref = self.ref
         for what, mine, theirs in (("records", self.records, ref.records), ("first offset", self.first, ref.first_offset),
                                    ("last offset", self.last, ref.last_offset)):
@@ -70,6 +69,4 @@ def iter_opened(opened: OpenedSegment, max_chunk_bytes: int, views: bool = False
                 threads: int | None = None) -> Iterator[RecordColumns | ViewColumns]:
     """Decode an opened segment chunk by chunk (threads as ``run_in_order``), checked; then close it."""
     with opened:
-        for group, result in run_in_order(opened.decode_tasks(max_chunk_bytes, views), threads):
-            yield opened.accept(group, result)
-        opened.finish()
+        yield from iter_checked(opened.source, max_chunk_bytes, threads, views, opened)
