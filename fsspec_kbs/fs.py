@@ -37,6 +37,7 @@ from fsspec_kbs.fs_views import (
     write_parquet,
 )
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.backup import segment_missing
 
 try:  # fsspec >= 2025.x: url_to_fs hands a chained filesystem the full target path as its path too
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -402,7 +403,7 @@ class KbsFileSystem(_Base):
         try:
             return getattr(self.backup.fs, method)(*args, **kwargs)
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict | None = None, **kwargs: Any) -> Any:

@@ -86,6 +86,11 @@ class SegmentRef:
         return not (end_time is not None and self.min_timestamp is not None and self.min_timestamp >= end_time)
 
 
+def segment_missing(ref: SegmentRef) -> BackupNotFoundError:
+    """The error for a segment the manifest lists but the store does not have."""
+    return BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing")
+
+
 def check_size(ref: SegmentRef, size: int) -> None:
     """Compare a segment file's size with what the manifest says of it."""
     if ref.size_bytes is None or size == ref.size_bytes:
@@ -286,7 +291,7 @@ class KbsBackup:
         for ref, head, foot in zip(refs, heads, feet, strict=False):
             for blob in (head, foot):
                 if isinstance(blob, FileNotFoundError):
-                    raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from blob
+                    raise segment_missing(ref) from blob
                 if isinstance(blob, Exception):
                     raise blob
             h = SegmentHeader.parse(head, ref.path)
@@ -303,7 +308,7 @@ class KbsBackup:
         try:
             data = self.fs.cat_file(ref.path)
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
         check_size(ref, len(data))
         return data
 
@@ -317,7 +322,7 @@ class KbsBackup:
             with self.fs.open(ref.path, "rb") as f:
                 data = read_pooled(f, f.size + 1)  # one byte more: a file grown past its size shows
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
         check_size(ref, len(data))
         return data
 
@@ -347,7 +352,7 @@ class KbsBackup:
         try:
             f = self.fs.open(ref.path, "rb", block_size=STREAM_BLOCK_SIZE, cache_type="readahead")
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
         try:
             # Buffered fsspec files know their size from opening them: no second request.
             actual = getattr(f, "size", None)
@@ -394,7 +399,7 @@ class KbsBackup:
         try:
             return int(self.fs.size(ref.path))
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
 
     def _check_crc64(self, ref: SegmentRef, header_crc: int) -> None:
         if ref.crc64 is not None and header_crc != ref.crc64:

@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 import fsspec
 
 from fsspec_kbs.errors import (
-    BackupNotFoundError,
     ManifestError,
     SegmentFormatError,
     SegmentMismatchError,
@@ -35,7 +34,7 @@ from fsspec_kbs.format.oso import (
     codec_from_extension,
     decode_segment,
 )
-from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size
+from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size, segment_missing
 from fsspec_kbs.store.names import TOPICS_DIR
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 
@@ -329,7 +328,7 @@ class OsoBackup(KbsBackup):
         try:
             size = self.fs.size(ref.path)
         except FileNotFoundError as e:
-            raise BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing") from e
+            raise segment_missing(ref) from e
         check_size(ref, size)
         head = self.fs.cat_file(ref.path, start=0, end=min(size, HEADER_SIZE))
         if bytes(head[:4]) != MAGIC:
