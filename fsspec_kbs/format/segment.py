@@ -493,9 +493,9 @@ class SegmentReader:
     def _frame(self, info: BatchInfo) -> bytes | memoryview:
         return memoryview(self.data)[info.data_position : info.end]
 
-    def _crc64_share(self, info: BatchInfo, crc: int) -> int:
-        """``crc`` continued over the batch's header and frame."""
-        return crc64_xz(memoryview(self.data)[info.position : info.end], crc)
+    def _crc64_share(self, group: Sequence[BatchInfo]) -> int:
+        """The CRC-64 of the group's bytes (batch headers and frames; they are contiguous)."""
+        return crc64_xz(memoryview(self.data)[group[0].position : group[-1].end])
 
     def payload(self, info: BatchInfo) -> Payload:
         """Check the CRC-32 and decompress one batch."""
@@ -578,10 +578,11 @@ class SegmentReader:
 
     def _decode(self, group: Sequence[BatchInfo], views: bool = False) -> tuple[RecordColumns | ViewColumns, int]:
         """The group's records, and with ``crc64_last`` its share of the CRC-64 (else 0)."""
-        # Each batch's checksums are computed right before it is decompressed, and its records
-        # checked right after (each while in cache); the copy into exact-size arrays follows
-        # once the group's sizes are known. A group's decompressed batches stay alive until
-        # then: chunks are a few MB (CHUNK_BYTES).
+        # The group's CRC-64 share is computed right before its batches are decompressed, each
+        # batch's CRC-32 right before it is, and its records checked right after (each while in
+        # cache); the copy into exact-size arrays follows once the group's sizes are known. A
+        # group's decompressed batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
+        crc = self._crc64_share(group) if self._crc64_last else 0
         if views:
             # Sized before anything is checked: bound a corrupt record count by what the batch
             # can hold (the scan then rejects it) instead of allocating for it.
@@ -589,11 +590,8 @@ class SegmentReader:
                 sum(min(i.record_count, i.uncompressed_size // MIN_RECORD_BYTES) for i in group))
         else:
             builder = ColumnsBuilder()
-        crc = 0
         try:
             for info in group:
-                if self._crc64_last:
-                    crc = self._crc64_share(info, crc)
                 builder.add(self.payload(info))
             return builder.finish(), crc
         except RecordDecodeError as e:

@@ -16,11 +16,13 @@ import pyarrow as pa
 from fsspec_kbs.format.codecs import PAYLOAD_POOL
 
 
-def read_pooled(f: IO[bytes], n: int) -> memoryview:
-    """Up to ``n`` bytes from ``f`` (fewer only at its end) in a pool buffer."""
-    buf = pa.allocate_buffer(n, PAYLOAD_POOL)
+def read_pooled(f: IO[bytes], n: int, prefix: bytes = b"") -> memoryview:
+    """``prefix`` then up to ``n`` bytes from ``f`` (fewer only at its end) in a pool buffer."""
+    buf = pa.allocate_buffer(len(prefix) + n, PAYLOAD_POOL)
     view = memoryview(buf).cast("B")  # plain bytes, whatever format the buffer exports
-    got = 0
+    got = len(prefix)
+    view[:got] = prefix
+    n += got
     while got < n:
         more = f.readinto(view[got:])
         if not more:

@@ -16,7 +16,7 @@ Materialising readers still fail as a whole.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, NoReturn
 
 from fsspec_kbs.errors import SegmentMismatchError, TruncatedSegmentError
@@ -46,14 +46,15 @@ STREAM_BLOCK_SIZE = 4 * 1024 * 1024
 
 
 class _Chunk(SegmentReader):
-    """The header and frame bytes of a run of whole batches, by the file position of their header.
+    """The bytes of a run of whole batches (each batch's header and frame, together), by the
+    file position of their header.
 
     Checks, decoding and order checks are :class:`SegmentReader`'s own with ``crc64_last``
     (``_decode``, ``_join``, ``_check_order``); the :class:`BatchInfo` positions stay file
     positions, so every error names the file offset.
     """
 
-    def __init__(self, parts: dict[int, tuple[bytes, memoryview]], header: SegmentHeader, path: str | None,
+    def __init__(self, parts: dict[int, memoryview], header: SegmentHeader, path: str | None,
                  verify: bool) -> None:
         # No super().__init__(): it parses and checks a whole file.
         self.parts = parts
@@ -62,11 +63,13 @@ class _Chunk(SegmentReader):
         self._check_batch_crc = self._crc64_last = verify
 
     def _frame(self, info: BatchInfo) -> memoryview:
-        return self.parts[info.position][1]
+        return self.parts[info.position][BATCH_HEADER_SIZE:]
 
-    def _crc64_share(self, info: BatchInfo, crc: int) -> int:
-        head, frame = self.parts[info.position]
-        return crc64_xz(frame, crc64_xz(head, crc))
+    def _crc64_share(self, group: Sequence[BatchInfo]) -> int:
+        crc = 0
+        for info in group:
+            crc = crc64_xz(self.parts[info.position], crc)
+        return crc
 
 
 class SegmentStream:
@@ -117,16 +120,17 @@ class SegmentStream:
         self.f.seek(HEADER_SIZE)
         return SegmentFooter.parse_tail(tail, self.size, self.path)
 
-    def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, bytes, memoryview]:
-        """Read the batch at ``pos``, with the header checks of ``SegmentReader.batches``."""
+    def _batch(self, pos: int, index: int, prev_base: int) -> tuple[BatchInfo, memoryview]:
+        """Read the batch at ``pos`` (header and frame, in one buffer), with the header checks
+        of ``SegmentReader.batches``."""
         end = self.size - FOOTER_SIZE
         # Read no header bytes past the footer: read_batch_header reports the stray bytes.
         head = self._read(BATCH_HEADER_SIZE, pos) if end - pos >= BATCH_HEADER_SIZE else b""
         info = read_batch_header(head, pos, index, prev_base, end, self.codec, self.path, data_start=pos)
-        frame = read_pooled(self.f, info.compressed_size)
-        if len(frame) != info.compressed_size:
-            self._truncated(info.data_position + len(frame))
-        return info, head, frame
+        data = read_pooled(self.f, info.compressed_size, prefix=head)  # one CRC-64 call covers both
+        if len(data) != info.end - pos:
+            self._truncated(pos + len(data))
+        return info, data
 
     def _chunks(self, max_chunk_bytes: int) -> Iterator[tuple[_Chunk, list[BatchInfo]]]:
         """Runs of whole batches of about ``max_chunk_bytes`` (uncompressed), not yet checksummed."""
@@ -137,11 +141,10 @@ class SegmentStream:
         while pos < end:
             size = 0
             group: list[BatchInfo] = []
-            parts: dict[int, tuple[bytes, memoryview]] = {}
+            parts: dict[int, memoryview] = {}
             while pos < end and size < max_chunk_bytes:
-                info, head, frame = self._batch(pos, batches, prev_base)
+                info, parts[pos] = self._batch(pos, batches, prev_base)
                 group.append(info)
-                parts[pos] = (head, frame)
                 size += info.uncompressed_size
                 records += info.record_count
                 prev_base = info.base_offset
