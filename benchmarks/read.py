@@ -6,6 +6,9 @@ Run ``python -m benchmarks.read`` (``--quick`` for a smaller run). For each code
   (``none``: reading the segment files), single-threaded, in uncompressed MB/s; for zstd and
   lz4 the faster of the codec's Python package and Arrow's build of it (which the decoder
   uses), each measured here;
+* two ceilings: the reference's work plus the checks no decoder may skip (every batch CRC-32
+  and the segment CRC-64), and plus one copy of the record bytes into new memory (what
+  ``binary`` columns need at the least): no decoder can reach a higher ratio;
 * our decode of the same segments into Arrow record batches (CRC-64 + CRC-32 checks on,
   decompression, record decoding, Arrow construction) single-threaded, and its ratio;
 * the same with checks off, giving the cost of the checks;
@@ -35,14 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import lz4.frame
+import numpy as np
 import pyarrow as pa
 import zstandard
 
 from benchmarks.common import MB, best_time, columns_for_bytes, report, save
 from fsspec_kbs.arrow.convert import columns_to_batch
 from fsspec_kbs.dataset import CHUNK_BYTES, KbsDataset
+from fsspec_kbs.format.checksums import crc32, crc64_xz
 from fsspec_kbs.format.codecs import PAYLOAD_POOL
-from fsspec_kbs.format.segment import SegmentReader
+from fsspec_kbs.format.segment import FOOTER_SIZE, HEADER_SIZE, SegmentReader
 from fsspec_kbs.store import BackupWriter
 
 TARGET_DECODE = 0.80
@@ -110,6 +115,23 @@ def reference_time(codec: str, files: list[Path], frames: list[memoryview], repe
     return min(t, best_time(lambda: _arrow_codec(codec, frames, sizes), repeat))
 
 
+def checks(files: list[Path], datas: list[bytes]) -> None:
+    """The checks every decode must make, alone: each batch's CRC-32 and the segment CRC-64."""
+    for f, data in zip(files, datas, strict=True):
+        for info in SegmentReader(data, str(f), verify_checksums=False).batches():
+            crc32(memoryview(data)[info.data_position : info.end])
+        crc64_xz(memoryview(data)[HEADER_SIZE : len(data) - FOOTER_SIZE])
+
+
+def copy_records(frames: list[memoryview], sizes: list[int]) -> None:
+    """One copy of every decompressed batch (here: of as many bytes, from a cached source)
+    into new pool memory: what filling ``binary`` columns costs at the least."""
+    source = np.zeros(max(sizes), np.uint8)
+    for n in sizes:
+        out = np.frombuffer(pa.allocate_buffer(n), np.uint8)
+        out[:] = source[:n]
+
+
 def _two_threads(fn: Any, *args: Any) -> None:
     """``fn(*args)`` twice at once on two threads."""
     ts = [threading.Thread(target=fn, args=args) for _ in range(2)]
@@ -174,9 +196,17 @@ def bench_codec(root: Path, codec: str, data_bytes: int, segments: int, repeat: 
     t_voff = best_time(lambda: decode(codec, files, datas, False, views=True), repeat)
     t_vst = best_time(lambda: scan(url, False, views=True), repeat, cpu=False)
     t_vmt = best_time(lambda: scan(url, True, views=True), repeat, cpu=False)
+    # How close any decoder can come to the reference: it does the reference's work plus at
+    # least the mandatory checks (and, for binary columns, one copy of the record bytes).
+    t_checks = best_time(lambda: checks(files, datas), repeat)
+    sizes = [info.uncompressed_size for d in datas for info in SegmentReader(d, verify_checksums=False).batches()]
+    t_copy = best_time(lambda: copy_records(frames, sizes), repeat)
     ref = total / t_ref / MB
     rows = [
         report(f"{codec}: reference ({ref_name}, 1 thread)", ref),
+        report(f"{codec}: ceiling: reference + the CRC checks", total / (t_ref + t_checks) / MB, ref=ref),
+        report(f"{codec}: ceiling: reference + CRC checks + one copy", total / (t_ref + t_checks + t_copy) / MB,
+               ref=ref),
         report(f"{codec}: decode -> Arrow, CRC on, 1 thread", total / t_on / MB, ref=ref, target=TARGET_DECODE),
         report(f"{codec}: decode -> Arrow, CRC off, 1 thread", total / t_off / MB, ref=ref),
     ]
