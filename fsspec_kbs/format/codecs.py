@@ -112,6 +112,31 @@ def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> b
     return _lz4_decompress(frame, expected_size)
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_frame_length(frame: bytes | memoryview) -> int:
+    """The length of the zstd frame at the start of ``frame`` (RFC 8878 §3.1.1), from its header
+    and block headers; -1 if that is not a zstd frame header, or if the frame runs past the end."""
+    data = memoryview(frame).cast("B") if not isinstance(frame, bytes) else frame
+    n = len(data)
+    if n < 6 or int.from_bytes(data[:4], "little") != _ZSTD_MAGIC:
+        return -1
+    fhd = data[4]
+    single = (fhd >> 5) & 1
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + ((1 if single else 0), 2, 4, 8)[fhd >> 6]
+    while pos + 3 <= n:
+        block = int.from_bytes(data[pos : pos + 3], "little")
+        kind, size = (block >> 1) & 3, block >> 3
+        pos += 3 + (1 if kind == 1 else size)  # an RLE block holds one byte
+        if kind == 3 or pos > n:  # reserved block type, or cut off
+            return -1
+        if block & 1:  # the last block
+            pos += 4 if fhd & 4 else 0  # content checksum
+            return pos if pos <= n else -1
+    return -1
+
+
 def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | np.ndarray:
     try:
         declared = zstandard.frame_content_size(frame)
@@ -124,6 +149,12 @@ def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | n
     try:
         # The output buffer is the bound: without a declared size, any excess fails the call.
         if _ARROW_ZSTD is not None:
+            # Arrow's zstd takes whatever follows the frame (a skippable or an empty frame
+            # does not change the size): check there is nothing.
+            length = zstd_frame_length(frame)
+            if 0 < length < len(frame):
+                raise DecompressionError(
+                    f"zstd batch is not one frame: {len(frame) - length} bytes follow its first frame")
             buf = _ARROW_ZSTD.decompress(frame, decompressed_size=expected_size, memory_pool=PAYLOAD_POOL)
             return np.frombuffer(buf, np.uint8)
         out = _zstd_decompressor().decompress(

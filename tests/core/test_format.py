@@ -208,10 +208,33 @@ def test_zstd_batch_must_be_exactly_one_frame(monkeypatch: pytest.MonkeyPatch, a
     frame = zstandard.ZstdCompressor().compress(data)
     out = decompress(Codec.ZSTD, memoryview(frame), len(data))
     assert bytes(out) == data
-    for b in (frame + b"trailing", frame + frame, frame[:-3], zstandard.ZstdCompressor().compress(data[:-1])):
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"abcd"
+    empty = zstandard.ZstdCompressor().compress(b"")
+    for b in (frame + b"trailing", frame + frame, frame[:-3], zstandard.ZstdCompressor().compress(data[:-1]),
+              frame + skippable, frame + empty):
         with pytest.raises(DecompressionError):
             decompress(Codec.ZSTD, b, len(data))
     assert bytes(decompress(Codec.ZSTD, frame, len(data))) == data  # still usable after errors
+
+
+def test_zstd_frame_length_walks_every_kind_of_frame() -> None:
+    import zstandard
+
+    from fsspec_kbs.format.codecs import zstd_frame_length
+
+    rng = np.random.default_rng(4)
+    for i in range(64):
+        size = int(rng.integers(0, 300_000))
+        data = (rng.bytes(size), b"a" * size, bytes(rng.integers(97, 100, size, dtype=np.uint8)))[i % 3]
+        frame = zstandard.ZstdCompressor(level=int(rng.integers(1, 10)), write_checksum=bool(i & 4),
+                                         write_content_size=bool(i & 8)).compress(data)
+        if i & 16:  # streamed: no content size, not single-segment
+            c = zstandard.ZstdCompressor(level=3).compressobj()
+            frame = c.compress(data) + c.flush()
+        assert zstd_frame_length(frame) == len(frame), i
+        assert zstd_frame_length(frame + b"more") == len(frame), i
+        assert zstd_frame_length(frame[:-1]) == -1, i
+    assert zstd_frame_length(b"not a zstd frame") == -1
 
 
 def test_fallback_kernels_agree_with_jit() -> None:
