@@ -60,3 +60,9 @@ def partition_dir(backup: str, topic: str, partition: int) -> str:
 
 def join(*parts: str) -> str:
     return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p != "")
+
+
+def backup_path(root: str, backup_id: str) -> str:
+    """``<root>/<backup-id>`` with the id checked first: the one way to build a backup's path
+    from a root and an id (an id such as ``../x`` or ``a/b`` would leave the root)."""
+    return join(root, check_backup_id(backup_id))
