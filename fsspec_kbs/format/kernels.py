@@ -84,8 +84,10 @@ E_HEADER_COUNT = 5
 E_HEADER_KEY_NULL = 6
 E_TRAILING = 7
 E_OFFSET_RANGE = 8
+E_TIMESTAMP_RANGE = 9
 
 INT64_MAX = 9223372036854775807
+INT64_MIN = -9223372036854775807 - 1
 _LOW63 = 0x7FFFFFFFFFFFFFFF
 _LOW57 = 0x01FFFFFFFFFFFFFF
 
@@ -209,6 +211,7 @@ def scan_records(buf, start, end, count, base_offset):  # type: ignore[no-untype
     hkb = 0
     hvb = 0
     prev_delta = -1
+    ts = 0
     for i in range(count):
         rec = pos
         delta, pos = read_varint(buf, pos, end)
@@ -220,9 +223,13 @@ def scan_records(buf, start, end, count, base_offset):  # type: ignore[no-untype
             return E_OFFSET_RANGE, rec, 0, 0, 0, 0, 0
         prev_delta = delta
         at = pos
-        _ts, pos = read_varint(buf, pos, end)
+        d, pos = read_varint(buf, pos, end)
         if pos < 0:
             return E_VARINT, at, 0, 0, 0, 0, 0
+        # Timestamps are running sums of deltas: a sum past int64 would wrap in the fill pass.
+        if i > 0 and ((d > 0 and ts > INT64_MAX - d) or (d < 0 and ts < INT64_MIN - d)):
+            return E_TIMESTAMP_RANGE, at, 0, 0, 0, 0, 0
+        ts = d if i == 0 else ts + d
         for field in range(2):
             at = pos
             n, pos = read_varint(buf, pos, end)

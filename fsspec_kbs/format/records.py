@@ -21,6 +21,7 @@ _MESSAGES = {
     k.E_HEADER_KEY_NULL: "header key is null",
     k.E_TRAILING: "trailing bytes after the last record",
     k.E_OFFSET_RANGE: "record offset exceeds 2^63-1",
+    k.E_TIMESTAMP_RANGE: "timestamp delta takes the timestamp past the int64 range",
 }
 
 

@@ -256,8 +256,10 @@ BATCH_HEADER_SIZE = 24
 FOOTER_SIZE = 16
 #: Writers keep batches at most this large (uncompressed), as the spec asks.
 MAX_BATCH_UNCOMPRESSED = 16 * 1024 * 1024
-#: Readers refuse batches claiming more than this: a bound on any single allocation.
-READ_BATCH_LIMIT = 256 * 1024 * 1024
+#: Readers refuse batches claiming more than this: a bound on any single allocation. A batch
+#: above the spec's writer limit breaks the format, and a small segment of batches each
+#: claiming hundreds of MiB must not make a scan allocate GBs (docs/format-decisions.md).
+READ_BATCH_LIMIT = MAX_BATCH_UNCOMPRESSED
 INT64_MAX = 2**63 - 1
 
 _HEADER = struct.Struct("<4sBBHQQQ")
