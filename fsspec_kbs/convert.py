@@ -322,7 +322,7 @@ def convert_backup(
         created = None
         cluster_id, brokers = None, []
         if src.layout == "oso" and m is not None:
-            created, cluster_id, brokers = m.get("created_at"), m.get("source_cluster_id"), m.get("source_brokers")
+            created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
         elif m is not None:
             created = _ms_from_iso(m.created_at)
             sc = m.source_cluster or {}
@@ -337,9 +337,9 @@ def convert_backup(
     else:
         source_cluster = None
         if src.layout == "oso" and m is not None:
-            if m.get("source_cluster_id") is not None or m.get("source_brokers"):
-                source_cluster = {"cluster_id": m.get("source_cluster_id"),
-                                  "bootstrap_servers": ",".join(m.get("source_brokers") or [])}
+            if m.source_cluster_id is not None or m.source_brokers:
+                source_cluster = {"cluster_id": m.source_cluster_id,
+                                  "bootstrap_servers": ",".join(m.source_brokers or [])}
         elif m is not None:
             source_cluster = m.source_cluster
         kwargs: dict[str, Any] = {}
@@ -348,8 +348,8 @@ def convert_backup(
         writer = BackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
                               segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
                               source_cluster=source_cluster, **kwargs)
-        if src.layout == "oso" and m is not None and isinstance(m.get("created_at"), int):
-            writer.created_at = _iso_from_ms(m["created_at"])
+        if src.layout == "oso" and m is not None:
+            writer.created_at = _iso_from_ms(m.created_at)
         elif m is not None and src.layout == "kbs":
             writer.created_at = m.created_at
     state = ConvertProgress(segments_total=len(refs))

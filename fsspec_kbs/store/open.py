@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import fsspec
 from fsspec.core import url_to_fs
 
-from fsspec_kbs.errors import InvalidNameError
+from fsspec_kbs.errors import InvalidNameError, ManifestError
+from fsspec_kbs.store import manifest_json
 from fsspec_kbs.store.backup import KbsBackup, read_manifest_bytes, resolve
 from fsspec_kbs.store.names import MANIFEST, check_backup_id
-from fsspec_kbs.store.oso_backup import OsoBackup, is_oso_manifest, looks_like_oso_without_manifest
+from fsspec_kbs.store.oso_backup import OsoBackup, looks_like_oso_without_manifest
+from fsspec_kbs.store.oso_manifest import is_oso_manifest
 
 
 def open_backup(url: str, storage_options: dict | None = None, allow_incomplete: bool = False,
@@ -39,8 +40,8 @@ def _layout(fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None) -> str:
     if raw is None:
         return "oso" if looks_like_oso_without_manifest(fs, path) else "kbs"
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = manifest_json.loads(raw, None)
+    except ManifestError:
         return "kbs"  # KbsBackup reports the broken manifest
     return "oso" if is_oso_manifest(doc) else "kbs"
 

@@ -7,16 +7,15 @@ reader (dataset, CLI, Spark, the ``kbs`` protocol) reads such backups unchanged;
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import fsspec
+import msgspec
 
 from fsspec_kbs.errors import (
-    ManifestError,
     SegmentFormatError,
     SegmentMismatchError,
 )
@@ -37,124 +36,10 @@ from fsspec_kbs.format.oso import (
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size, segment_missing
 from fsspec_kbs.store.names import TOPICS_DIR
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
+from fsspec_kbs.store.oso_manifest import OsoManifest
 
 LAYOUT = "oso"
 _PARTITION_PREFIX = "partition="
-
-
-def is_oso_manifest(doc: Any) -> bool:
-    """True for the OSO tool's manifest: no ``version``, integer ``created_at``, and
-    partitions with ``partition_id``/``segments``."""
-    if not isinstance(doc, dict) or "version" in doc:
-        return False
-    created = doc.get("created_at")
-    if not isinstance(created, int) or isinstance(created, bool):
-        return False
-    topics = doc.get("topics")
-    if not isinstance(topics, list):
-        return False
-    for t in topics:
-        for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
-            return isinstance(p, dict) and "partition_id" in p and "segments" in p
-    return "backup_id" in doc  # an empty backup: no partition to look at
-
-
-@dataclass(frozen=True)
-class _Partition:
-    """Enough of a partition for :func:`fsspec_kbs.validate.validate_backup`'s manifest checks."""
-
-    partition: int
-    records: int
-    segment_index: None = None  # the per-segment list is checked segment by segment instead
-
-
-@dataclass(frozen=True)
-class _Topic:
-    name: str
-    partitions: list[_Partition]
-
-
-class OsoManifest(dict):
-    """The raw manifest dict, plus the few attributes generic code reads from a KBS manifest."""
-
-    path: str = ""
-
-    @property
-    def backup_id(self) -> str:
-        return str(self["backup_id"])
-
-    @property
-    def statistics(self) -> dict[str, int]:
-        segs = [s for t in self["topics"] for p in t["partitions"] for s in p["segments"]]
-        return {
-            "topics": len(self["topics"]),
-            "partitions": sum(len(t["partitions"]) for t in self["topics"]),
-            "segments": len(segs),
-            "records": sum(int(s["record_count"]) for s in segs),
-            "uncompressed_bytes": sum(int(s.get("uncompressed_size") or 0) for s in segs),
-            "compressed_bytes": sum(int(s.get("compressed_size") or 0) for s in segs),
-        }
-
-    @property
-    def topics(self) -> list[_Topic]:  # type: ignore[override]
-        return [_Topic(t["name"], [_Partition(int(p["partition_id"]), sum(int(s["record_count"])
-                                                                            for s in p["segments"]))
-                                   for p in t["partitions"]])
-                for t in self["topics"]]
-
-    @classmethod
-    def parse(cls, raw: bytes | str, path: str) -> OsoManifest:
-        """Parse and check the fields this reader relies on; unknown fields are kept and ignored."""
-        try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ManifestError(f"not valid JSON: {e}", path) from e
-        if not is_oso_manifest(doc):
-            raise ManifestError("not an OSO kafka-backup manifest", path)
-        m = cls(doc)
-        m.path = path
-
-        def need(obj: dict, key: str, kinds: tuple, where: str) -> Any:
-            v = obj.get(key)
-            if not isinstance(v, kinds) or isinstance(v, bool):
-                raise ManifestError(f"{where}: field {key!r} missing or not {'/'.join(k.__name__ for k in kinds)}",
-                                    path)
-            return v
-
-        need(doc, "backup_id", (str,), "manifest")
-        for ti, t in enumerate(doc["topics"]):
-            if not isinstance(t, dict):
-                raise ManifestError(f"topics[{ti}] is not an object", path)
-            name = need(t, "name", (str,), f"topics[{ti}]")
-            for pi, p in enumerate(need(t, "partitions", (list,), f"topic {name}")):
-                where = f"topic {name} partitions[{pi}]"
-                if not isinstance(p, dict):
-                    raise ManifestError(f"{where} is not an object", path)
-                pid = need(p, "partition_id", (int,), where)
-                if pid < 0:
-                    raise ManifestError(f"{where}: negative partition_id {pid}", path)
-                prev = None
-                for si, s in enumerate(need(p, "segments", (list,), where)):
-                    sw = f"{name}/{pid} segments[{si}]"
-                    if not isinstance(s, dict):
-                        raise ManifestError(f"{sw} is not an object", path)
-                    key = need(s, "key", (str,), sw)
-                    if key.startswith("/") or ".." in key.split("/") or "\\" in key:
-                        raise ManifestError(f"{sw}: illegal segment key {key!r}", path)
-                    start = need(s, "start_offset", (int,), sw)
-                    end = need(s, "end_offset", (int,), sw)
-                    count = need(s, "record_count", (int,), sw)
-                    if count < 0 or (count > 0 and end < start):
-                        raise ManifestError(f"{sw}: offsets {start}…{end} with {count} records", path)
-                    if prev is not None and start <= prev:
-                        raise ManifestError(f"{sw}: start offset {start} is not above the previous "
-                                            f"segment's end offset {prev} (segments must be in offset order)",
-                                            path)
-                    prev = end
-                    for opt in ("uncompressed_size", "compressed_size", "start_timestamp", "end_timestamp"):
-                        if s.get(opt) is not None:
-                            need(s, opt, (int,), sw)
-        return m
 
 
 def _iso(ms: int | None) -> str | None:
@@ -167,7 +52,7 @@ class OsoBackup(KbsBackup):
     """A backup written by the OSO kafka-backup tool: ``manifest.json`` + KBAK segments.
 
     Same interface as :class:`KbsBackup`. ``manifest`` is the raw manifest
-    (an :class:`OsoManifest` dict) or None for a backup without one.
+    (an :class:`~fsspec_kbs.store.oso_manifest.OsoManifest`) or None for a backup without one.
 
     Per-segment ``start_timestamp``/``end_timestamp`` are the first and last record's
     timestamps, not bounds (Kafka timestamps need not increase), so refs carry no
@@ -206,19 +91,19 @@ class OsoBackup(KbsBackup):
             if self.manifest is None:
                 refs = self._discover()
             else:
-                codec = str(self.manifest.get("compression") or "") or None
+                codec = self.manifest.compression
                 refs = []
-                for t in self.manifest["topics"]:
-                    for p in t["partitions"]:
-                        for seq, s in enumerate(p["segments"]):
-                            path = self._key_path(s["key"])
-                            if s.get("uncompressed_size") is not None:
-                                self._limits[path] = int(s["uncompressed_size"])
-                            self._timestamps[path] = (s.get("start_timestamp"), s.get("end_timestamp"))
+                for t in self.manifest.topics:
+                    for p in t.partitions:
+                        for seq, s in enumerate(p.segments):
+                            path = self._key_path(s.key)
+                            if s.uncompressed_size is not None:
+                                self._limits[path] = s.uncompressed_size
+                            self._timestamps[path] = (s.start_timestamp, s.end_timestamp)
                             refs.append(SegmentRef(
-                                topic=t["name"], partition=int(p["partition_id"]), seq=seq, path=path,
-                                first_offset=int(s["start_offset"]), last_offset=int(s["end_offset"]),
-                                records=int(s["record_count"]), size_bytes=s.get("compressed_size"),
+                                topic=t.name, partition=p.partition_id, seq=seq, path=path,
+                                first_offset=s.start_offset, last_offset=s.end_offset,
+                                records=s.record_count, size_bytes=s.compressed_size,
                                 codec=codec, layout=LAYOUT))
             self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
         return list(self._segments)
@@ -351,13 +236,10 @@ class OsoBackup(KbsBackup):
     # -- describing ------------------------------------------------------------------------------
     def gaps(self) -> list[dict[str, Any]]:
         """Offset ranges the source no longer had when the tool backed the partition up."""
-        out = []
-        for t in (self.manifest or {}).get("topics", []):
-            for p in t.get("partitions", []):
-                for g in p.get("gaps") or []:
-                    if isinstance(g, dict):
-                        out.append({"topic": t["name"], "partition": p["partition_id"], **g})
-        return out
+        if self.manifest is None:
+            return []
+        return [{"topic": t.name, "partition": p.partition_id, **msgspec.structs.asdict(g)}
+                for t in self.manifest.topics for p in t.partitions for g in p.gaps or []]
 
     def describe(self) -> dict[str, Any]:
         """Summary numbers for ``kbs describe`` (same keys as KBS, plus ``gaps``)."""
@@ -369,10 +251,10 @@ class OsoBackup(KbsBackup):
             "layout": self.layout,
             "complete": m is not None,
             "version": None,
-            "created_at": _iso(m.get("created_at")) if m else None,
+            "created_at": _iso(m.created_at) if m else None,
             "completed_at": None,
-            "compression": {"algorithm": m.get("compression")} if m else None,
-            "source_cluster": ({"cluster_id": m.get("source_cluster_id"), "brokers": m.get("source_brokers") or []}
+            "compression": {"algorithm": m.compression} if m else None,
+            "source_cluster": ({"cluster_id": m.source_cluster_id, "brokers": m.source_brokers or []}
                                if m else None),
             "statistics": m.statistics if m else None,
             # The manifest only knows each segment's first and last record's timestamp: no bounds.
