@@ -78,9 +78,19 @@ class KbsDataset:
         return KbsDataset(self.backup, self.scan_filter.and_(more))
 
     def fragments(self, scan_filter: ScanFilter | None = None) -> list[SegmentRef]:
-        """The segments a scan would open, decided from the manifest only."""
+        """The segments a scan would open, decided from the manifest.
+
+        Segments of the wanted partitions that the offset bounds prune have their header and
+        footer read and compared with the manifest (:meth:`KbsBackup.check_unread`): a
+        manifest whose offsets lie raises instead of dropping rows.
+        """
         sf = self.scan_filter if scan_filter is None else self.scan_filter.and_(scan_filter)
-        return [ref for ref in self.backup.segments() if sf.keeps(ref)]
+        kept, pruned = [], []
+        for ref in self.backup.segments():
+            if sf.wants_partition(ref.topic, ref.partition):
+                (kept if sf.keeps(ref) else pruned).append(ref)
+        self.backup.check_unread(pruned)
+        return kept
 
     def scanner(
         self,
@@ -317,6 +327,7 @@ class KbsScanner:
                     break
                 total += ref.records  # type: ignore[operator]
             else:
+                self.dataset.backup.check_unread(self.fragments, counted=True)
                 return total
         return sum(b.num_rows for b in self.to_batches())
 

@@ -24,6 +24,11 @@ class ManifestError(KbsError, ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+class ManifestMismatchError(ManifestError):
+    """The manifest contradicts what the backup's files hold (a file it does not list, counts
+    or offsets its segments do not have)."""
+
+
 class UnsupportedVersionError(ManifestError):
     """The manifest's major version (or a segment's version) is not one this reader knows."""
 

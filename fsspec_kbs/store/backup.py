@@ -14,6 +14,7 @@ from fsspec_kbs.errors import (
     BackupNotFoundError,
     IncompleteBackupError,
     InvalidNameError,
+    ManifestMismatchError,
     SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
@@ -64,6 +65,9 @@ class SegmentRef:
     crc64: int | None = None
     codec: str | None = None
     layout: str = "kbs"
+    #: ``min_timestamp``/``max_timestamp`` were checked against data (a batch index) and may
+    #: prune: a manifest's claim alone never drops a segment from a time-filtered read.
+    time_checked: bool = False
 
     @property
     def name(self) -> str:
@@ -81,6 +85,8 @@ class SegmentRef:
             return False
         if end_offset is not None and self.first_offset is not None and self.first_offset >= end_offset:
             return False
+        if not self.time_checked:
+            return True
         if start_time is not None and self.max_timestamp is not None and self.max_timestamp < start_time:
             return False
         return not (end_time is not None and self.min_timestamp is not None and self.min_timestamp >= end_time)
@@ -134,13 +140,17 @@ class KbsBackup:
     check_id = True
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: Manifest | None,
-                 url: str | None = None, storage_options: dict | None = None) -> None:
+                 url: str | None = None, storage_options: dict | None = None,
+                 allow_incomplete: bool = False) -> None:
         self.fs = fs
         self.path = _strip(path)
         self.manifest = manifest
         self.url = url or path
         self.storage_options = dict(storage_options or {})
+        self.allow_incomplete = allow_incomplete
         self._segments: list[SegmentRef] | None = None
+        #: ``(path, counted)`` of segments whose header and footer agree with the manifest.
+        self._checked: set[tuple[str, bool]] = set()
 
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
@@ -179,8 +189,8 @@ class KbsBackup:
                     f"{url} has no {MANIFEST}: the backup is incomplete (interrupted or still running). "
                     "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds."
                 )
-            return cls(fs, path, None, url, storage_options)
-        return cls(fs, path, cls.parse_manifest(raw, f"{path}/{MANIFEST}"), url, storage_options)
+            return cls(fs, path, None, url, storage_options, allow_incomplete)
+        return cls(fs, path, cls.parse_manifest(raw, f"{path}/{MANIFEST}"), url, storage_options, allow_incomplete)
 
     @classmethod
     def parse_manifest(cls, raw: bytes, path: str) -> Any:
@@ -198,19 +208,87 @@ class KbsBackup:
     def segments(self) -> list[SegmentRef]:
         """Every segment in (topic, partition, sequence) order, from the manifest only when it can."""
         if self._segments is None:
-            if self.manifest is None:
-                refs = self._discover()
-            elif self.manifest.has_index:
-                refs = self._from_index()
-            else:
-                refs = self._probe([
-                    SegmentRef(t.name, p.partition, seq, self._segment_path(t.name, p.partition, seq))
-                    for t in self.manifest.topics
-                    for p in t.partitions
-                    for seq in range(p.segments)
-                ])
+            refs = self._discover() if self.manifest is None else self._from_manifest()
             self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
         return list(self._segments)
+
+    def _from_manifest(self) -> list[SegmentRef]:
+        """The manifest's segments, after checking it names exactly the segment files stored
+        (one listing): a file it does not list, or one it lists that is not there, is an error
+        before anything is read. A 1.0 manifest's segments are then probed (header and
+        footer) and their sums compared with its partitions' numbers."""
+        assert self.manifest is not None
+        listed = [(t.name, p.partition, seq) for t in self.manifest.topics for p in t.partitions
+                  for seq in range(p.segments)]
+        stored = self._stored_segments()
+        for topic, partition, seq in listed:
+            if (topic, partition, seq) not in stored:
+                raise segment_missing(SegmentRef(topic, partition, seq, self._segment_path(topic, partition, seq)))
+        extra = sorted(set(stored) - set(listed))
+        if extra:
+            topic, partition, seq = extra[0]
+            raise ManifestMismatchError(
+                f"{self._segment_path(topic, partition, seq)} is stored but the manifest does not list it "
+                f"({len(extra)} such file(s)): the manifest does not describe what the backup holds "
+                "(an edited or stale manifest, or a commit in progress)", f"{self.path}/{MANIFEST}")
+        if self.manifest.has_index:
+            return self._from_index()
+        refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq)) for t, p, seq in listed])
+        self._checked.update((r.path, True) for r in refs)
+        by_part: dict[tuple[str, int], list[SegmentRef]] = {}
+        for r in refs:
+            by_part.setdefault((r.topic, r.partition), []).append(r)
+        for t in self.manifest.topics:
+            for p in t.partitions:
+                segs = by_part.get((t.name, p.partition), [])
+                if not segs:
+                    continue
+                for what, claim, found in (("records", p.records, sum(r.records or 0 for r in segs)),
+                                           ("first offset", p.first_offset, segs[0].first_offset),
+                                           ("last offset", p.last_offset, segs[-1].last_offset)):
+                    if claim != found:
+                        raise ManifestMismatchError(
+                            f"{t.name}/{p.partition}: {what} is {claim} in the manifest but its segment "
+                            f"files say {found}", f"{self.path}/{MANIFEST}")
+        return refs
+
+    def _stored_segments(self) -> dict[tuple[str, int, int], int | None]:
+        """``(topic, partition, seq) -> size`` of every ``segment-N.kbs`` file under ``topics/``."""
+        root = f"{self.path}/{TOPICS_DIR}"
+        try:
+            files = self.fs.find(root, detail=True)
+        except FileNotFoundError:
+            files = {}
+        base = _strip(self.fs._strip_protocol(root))
+        out: dict[tuple[str, int, int], int | None] = {}
+        for path, info in files.items():
+            rel = _strip(path)[len(base) + 1:].split("/")
+            if len(rel) != 3 or not rel[2].endswith(".kbs"):
+                continue
+            try:
+                key = (check_topic(rel[0]), check_partition(rel[1]), parse_segment_name(rel[2]))
+            except InvalidNameError:
+                continue  # foreign files (e.g. temp files) are not segments
+            out[key] = info.get("size")
+        return out
+
+    def check_unread(self, refs: Iterable[SegmentRef], counted: bool = False) -> None:
+        """Read the header and footer of segments a scan skips on the manifest's word and
+        compare them with it: a segment pruned by offset whose file holds other offsets (or,
+        with ``counted``, one counted without decoding that holds another number of records)
+        is an error, never rows silently left out. Two small ranged reads per segment, all in
+        one ``cat_ranges`` call. What does not change the answer (a CRC-64) is left to reads
+        of the segment and to ``validate``."""
+        fields = ["first_offset", "last_offset"] + (["records"] if counted else [])
+        todo = [r for r in refs if (r.path, counted) not in self._checked and (r.path, True) not in self._checked]
+        for ref, probed in zip(todo, self._probe(todo), strict=True):
+            for name in fields:
+                claim, found = getattr(ref, name), getattr(probed, name)
+                if claim is not None and claim != found:
+                    raise SegmentMismatchError(
+                        f"{name.replace('_', ' ')} {found} in the file but {claim} in the manifest",
+                        ref.path, {"first_offset": 8, "records": 16}.get(name))
+            self._checked.add((ref.path, counted))
 
     def select(
         self,

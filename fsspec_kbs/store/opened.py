@@ -32,6 +32,8 @@ class OpenedSegment(ChunkChecks):
         self.records = 0
         self.first: int | None = None
         self.last: int | None = None
+        self.min_ts: int | None = None
+        self.max_ts: int | None = None
 
     def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[DecodeTask]:
         return self.source.decode_tasks(max_chunk_bytes, views)
@@ -43,13 +45,18 @@ class OpenedSegment(ChunkChecks):
                 self.first = int(cols.offsets[0])
             self.last = int(cols.offsets[-1])
             self.records += len(cols)
+            lo, hi = int(cols.timestamps.min()), int(cols.timestamps.max())
+            self.min_ts = lo if self.min_ts is None else min(self.min_ts, lo)
+            self.max_ts = hi if self.max_ts is None else max(self.max_ts, hi)
         return cols
 
     def finish(self) -> None:
         super().finish()
         ref = self.ref
         for what, mine, theirs in (("records", self.records, ref.records), ("first offset", self.first, ref.first_offset),
-                                   ("last offset", self.last, ref.last_offset)):
+                                   ("last offset", self.last, ref.last_offset),
+                                   ("min timestamp", self.min_ts, ref.min_timestamp),
+                                   ("max timestamp", self.max_ts, ref.max_timestamp)):
             if theirs is not None and mine is not None and mine != theirs:
                 raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
                                            ref.path, 0)

@@ -7,7 +7,7 @@ reader (dataset, CLI, Spark, the ``kbs`` protocol) reads such backups unchanged;
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn
@@ -16,6 +16,7 @@ import fsspec
 import msgspec
 
 from fsspec_kbs.errors import (
+    IncompleteBackupError,
     SegmentFormatError,
     SegmentMismatchError,
 )
@@ -63,8 +64,9 @@ class OsoBackup(KbsBackup):
     check_id = False  # the OSO tool names backups freely; paths come from manifest keys
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: OsoManifest | None,  # type: ignore[override]
-                 url: str | None = None, storage_options: dict | None = None) -> None:
-        super().__init__(fs, path, None, url, storage_options)
+                 url: str | None = None, storage_options: dict | None = None,
+                 allow_incomplete: bool = False) -> None:
+        super().__init__(fs, path, None, url, storage_options, allow_incomplete)
         self.manifest = manifest  # type: ignore[assignment]
         self._limits: dict[str, int] = {}
         self._timestamps: dict[str, tuple[int | None, int | None]] = {}
@@ -105,12 +107,43 @@ class OsoBackup(KbsBackup):
                                 first_offset=s.start_offset, last_offset=s.end_offset,
                                 records=s.record_count, size_bytes=s.compressed_size,
                                 codec=codec, layout=LAYOUT))
+                self._check_all_listed(refs)
             self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
         return list(self._segments)
 
-    def _discover(self) -> list[SegmentRef]:
-        """Segments of a backup without manifest: ``topics/<t>/partition=<p>/segment-*``, ordered
-        by their header's start offset (old releases numbered files per run, not by offset)."""
+    def unlisted_segments(self) -> list[str]:
+        """Segment files stored under ``topics/`` that the manifest does not list. The OSO tool
+        rewrites its manifest as it goes, so a backup killed mid-way lists only part of them."""
+        listed = {r.path for r in self.segments()} if self._segments is not None else None
+        if listed is None:
+            return []  # segments() raised or was not called; it runs this check itself
+        return sorted(set(self._stored_files()) - listed)
+
+    @property
+    def complete(self) -> bool:
+        if self.manifest is None:
+            return False
+        try:
+            self.segments()
+        except IncompleteBackupError:
+            return False
+        return True
+
+    def _stored_files(self) -> list[str]:
+        return [f[2] for f in self._listing()]
+
+    def _check_all_listed(self, refs: list[SegmentRef]) -> None:
+        listed = {r.path for r in refs}
+        unlisted = sorted(set(self._stored_files()) - listed)
+        if unlisted and not self.allow_incomplete:
+            raise IncompleteBackupError(
+                f"{self.url} is incomplete: {len(unlisted)} segment file(s) on storage are not in its "
+                f"manifest (first: {unlisted[0]}). The OSO tool rewrites manifest.json as it goes, so "
+                "this backup was most likely interrupted. Pass allow_incomplete=True "
+                "(CLI: --allow-incomplete) to read what its manifest lists.")
+
+    def _listing(self) -> list[tuple[str, int, str, int | None]]:
+        """``(topic, partition, path, size)`` of the segment files under ``topics/``."""
         root = f"{self.path}/{TOPICS_DIR}"
         try:
             files = self.fs.find(root, detail=True)
@@ -126,6 +159,12 @@ class OsoBackup(KbsBackup):
             if not part.isdigit() or ".tmp" in rel[2]:
                 continue
             found.append((rel[0], int(part), f"{root}/{rel[0]}/{rel[1]}/{rel[2]}", info.get("size")))
+        return found
+
+    def _discover(self) -> list[SegmentRef]:
+        """Segments of a backup without manifest: ``topics/<t>/partition=<p>/segment-*``, ordered
+        by their header's start offset (old releases numbered files per run, not by offset)."""
+        found = self._listing()
         if not found:
             return []
         heads = self.fs.cat_ranges([f[2] for f in found], [0] * len(found), [HEADER_SIZE] * len(found),
@@ -193,6 +232,31 @@ class OsoBackup(KbsBackup):
         yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, threads=threads)
 
     # -- checking --------------------------------------------------------------------------------
+    def check_unread(self, refs: Iterable[SegmentRef], counted: bool = False) -> None:
+        """As :meth:`KbsBackup.check_unread`, from the OSO header (count, start and end offset).
+
+        A legacy segment (no ``KBAK`` header) has nothing to probe: only decoding it whole
+        would tell, which is what pruning avoids, so its manifest entry is taken as it is."""
+        todo = [r for r in refs if (r.path, True) not in self._checked]
+        if not todo:
+            return
+        heads = self.fs.cat_ranges([r.path for r in todo], [0] * len(todo), [HEADER_SIZE] * len(todo),
+                                   on_error="return")
+        for ref, head in zip(todo, heads, strict=True):
+            if isinstance(head, FileNotFoundError):
+                raise segment_missing(ref) from head
+            if isinstance(head, Exception):
+                raise head
+            if bytes(head[:4]) == MAGIC and len(head) == HEADER_SIZE:
+                h = OsoHeader.parse(head, ref.path)
+                for what, mine, theirs, at in (("record count", h.record_count, ref.records, 8),
+                                               ("start offset", h.start_offset, ref.first_offset, 16),
+                                               ("end offset", h.end_offset, ref.last_offset, 24)):
+                    if theirs is not None and mine != theirs:
+                        raise SegmentMismatchError(f"{what} {mine} in the file but {theirs} in the manifest",
+                                                   ref.path, at)
+            self._checked.add((ref.path, True))
+
     def validate_segment(self, ref: SegmentRef, deep: bool, report: Any) -> None:
         """Used by :func:`fsspec_kbs.validate.validate_backup`.
 
