@@ -101,3 +101,29 @@ class CommitConflictError(KbsError, FileExistsError):
 
 class OffsetOrderError(KbsError, ValueError):
     """Offsets written to a partition do not strictly increase."""
+
+
+class BatchIndexError(SegmentMismatchError):
+    """A batch index (kbs-format.md §7) disagrees with itself or with its segment.
+
+    ``path`` and ``offset`` locate the defect (in the index file for its own structure, in the
+    segment for a batch that disagrees with its entry); ``segment_path`` and ``index_path``
+    name both files, and so does the message.
+    """
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None,
+                 segment_path: str | None = None, index_path: str | None = None) -> None:
+        self.segment_path = segment_path
+        self.index_path = index_path
+        super().__init__(message, path, offset)
+        self.reason = message
+        self.args = (f"{self.args[0]} (segment {segment_path}, batch index {index_path})",)
+
+    def located(self, path: str, base: int = 0) -> SegmentFormatError:
+        offset = base if self.offset is None else self.offset + base
+        return type(self)(self.reason, path, offset, self.segment_path, self.index_path)
+
+
+class BatchIndexDamagedError(BatchIndexError):
+    """A batch index that cannot be used: its CRC-32s do not match (damage) or its version is
+    unknown. Readers read the segment without it; ``validate`` reports it."""
