@@ -17,6 +17,7 @@ from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_s
 from fsspec_kbs.format import RecordColumns, ViewColumns
 from fsspec_kbs.format.segment import Decoded, run_in_order
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.backup import Bounds
 from fsspec_kbs.store.opened import OpenedSegment
 
 _ROW_COLUMNS = ("offset", "timestamp")
@@ -85,10 +86,12 @@ class KbsDataset:
         manifest whose offsets lie raises instead of dropping rows.
         """
         sf = self.scan_filter if scan_filter is None else self.scan_filter.and_(scan_filter)
+        wanted = [ref for ref in self.backup.segments() if sf.wants_partition(ref.topic, ref.partition)]
+        if sf.start_time is not None or sf.end_time is not None:
+            wanted = self.backup.check_time_bounds(wanted)  # batch indexes confirm what may prune
         kept, pruned = [], []
-        for ref in self.backup.segments():
-            if sf.wants_partition(ref.topic, ref.partition):
-                (kept if sf.keeps(ref) else pruned).append(ref)
+        for ref in wanted:
+            (kept if sf.keeps(ref) else pruned).append(ref)
         self.backup.check_unread(pruned)
         return kept
 
@@ -201,10 +204,15 @@ class KbsScanner:
     def _iter_segment(self, ref: SegmentRef) -> Iterator[pa.RecordBatch]:
         """Filtered Arrow batches of one segment, one per decoded chunk, on this thread alone."""
         for cols in self.dataset.backup.iter_columns(ref, verify_checksums=self.verify, max_chunk_bytes=CHUNK_BYTES,
-                                                     views=self._views, threads=1):
+                                                     views=self._views, threads=1, bounds=self._bounds(ref)):
             batch = self._batch_of(ref, cols)
             if batch is not None:
                 yield batch
+
+    def _bounds(self, ref: SegmentRef) -> Bounds:
+        """What of ``ref`` the scan wants: batches outside it need not be read (batch index)."""
+        sf = self.scan_filter
+        return (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
 
     def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
         return list(self._iter_segment(ref))
@@ -252,7 +260,7 @@ class KbsScanner:
             return run
 
         def tasks() -> Iterator[tuple[tuple[_Segment, Any], Callable[[], Any] | None]]:
-            for ref, opening in opened_ahead(backup, refs, self.verify, default_workers()):
+            for ref, opening in opened_ahead(backup, refs, self.verify, default_workers(), self._bounds):
                 state = _Segment(ref)
                 try:
                     state.opened = opening.result()
@@ -353,8 +361,8 @@ class _Segment:
         self.kept: list[pa.RecordBatch] = []
 
 
-def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
-                 workers: int) -> Iterator[tuple[SegmentRef, cf.Future]]:
+def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool, workers: int,
+                 bounds: Callable[[SegmentRef], Bounds] | None = None) -> Iterator[tuple[SegmentRef, cf.Future]]:
     """Each ref with the future of :meth:`KbsBackup.open_chunks`, in order, opening up to
     ``workers`` ahead of the one being read, on ``workers`` threads (parallel reads for remote
     stores).
@@ -368,7 +376,7 @@ def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool,
     try:
         while True:
             for ref in it:
-                ahead.append((ref, pool.submit(backup.open_chunks, ref, verify)))
+                ahead.append((ref, pool.submit(backup.open_chunks, ref, verify, bounds and bounds(ref))))
                 if len(ahead) >= workers:
                     break
             if not ahead:

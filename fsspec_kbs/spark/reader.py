@@ -131,7 +131,8 @@ class KbsReader(DataSourceReader):
 
     def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
         target = spark_arrow_schema(tuple(self.columns))
-        for cols in backup.iter_columns(ref, verify_checksums=self.options.verify_checksums):
+        bounds = (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
+        for cols in backup.iter_columns(ref, verify_checksums=self.options.verify_checksums, bounds=bounds):
             mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
             batch = columns_to_batch(cols, ref.topic, ref.partition, self.columns, ref.path)
             if mask is not None:

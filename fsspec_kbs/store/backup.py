@@ -12,6 +12,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_kbs.errors import (
     BackupNotFoundError,
+    BatchIndexError,
     IncompleteBackupError,
     InvalidNameError,
     ManifestMismatchError,
@@ -28,6 +29,9 @@ from fsspec_kbs.format import (
     SegmentReader,
     ViewColumns,
 )
+from fsspec_kbs.format.batch_index import BatchIndex
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
+from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
     MANIFEST,
@@ -68,6 +72,8 @@ class SegmentRef:
     #: ``min_timestamp``/``max_timestamp`` were checked against data (a batch index) and may
     #: prune: a manifest's claim alone never drops a segment from a time-filtered read.
     time_checked: bool = False
+    #: The manifest's CRC-32 of the segment's batch index (1.2); None: no index to use.
+    index_crc32: int | None = None
 
     @property
     def name(self) -> str:
@@ -90,6 +96,17 @@ class SegmentRef:
         if start_time is not None and self.max_timestamp is not None and self.max_timestamp < start_time:
             return False
         return not (end_time is not None and self.min_timestamp is not None and self.min_timestamp >= end_time)
+
+
+#: Start and end offset, start and end time of a read (end exclusive; None: unbounded).
+Bounds = tuple[int | None, int | None, int | None, int | None]
+
+
+def _cat_or_error(fs: fsspec.AbstractFileSystem, path: str) -> bytes | Exception:
+    try:
+        return fs.cat_file(path)
+    except Exception as e:  # FileNotFoundError and the like: the index is then not used
+        return e
 
 
 def segment_missing(ref: SegmentRef) -> BackupNotFoundError:
@@ -151,6 +168,9 @@ class KbsBackup:
         self._segments: list[SegmentRef] | None = None
         #: ``(path, counted)`` of segments whose header and footer agree with the manifest.
         self._checked: set[tuple[str, bool]] = set()
+        self._indexes: dict[str, BatchIndex | None] = {}
+        #: Why a segment's batch index was not used (path -> reason), for ``validate``.
+        self.index_problems: dict[str, str] = {}
 
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
@@ -329,7 +349,7 @@ class KbsBackup:
                 path=self._segment_path(t.name, p.partition, seq),
                 first_offset=s.first_offset, last_offset=s.last_offset, records=s.records,
                 min_timestamp=s.min_timestamp, max_timestamp=s.max_timestamp,
-                size_bytes=s.size_bytes, crc64=s.crc64, codec=codec,
+                size_bytes=s.size_bytes, crc64=s.crc64, codec=codec, index_crc32=s.index_crc32,
             )
             for t in self.manifest.topics
             for p in t.partitions
@@ -381,6 +401,55 @@ class KbsBackup:
                                codec={0: "none", 1: "lz4", 2: "zstd"}[int(h.codec)]))
         return out
 
+    # -- batch indexes (kbs-format.md §7) ------------------------------------------------------
+    def batch_index(self, ref: SegmentRef) -> BatchIndex | None:
+        """The segment's batch index, checked (its CRCs against the manifest's ``index_crc32``,
+        its bounds against the manifest's entry), or None when there is none to use: no
+        ``index_crc32``, no file, or a damaged one (why: :attr:`index_problems`)."""
+        if ref.path not in self._indexes:
+            self._prefetch_indexes([ref])
+        return self._indexes[ref.path]
+
+    def _prefetch_indexes(self, refs: Iterable[SegmentRef]) -> None:
+        """Read the indexes of ``refs`` not read yet, concurrently where the store can."""
+        todo = [r for r in refs if r.path not in self._indexes]
+        for r in todo:
+            if r.index_crc32 is None or r.size_bytes is None:
+                self._indexes[r.path] = None
+        todo = [r for r in todo if r.path not in self._indexes]
+        if not todo:
+            return
+        paths = [index_path(r.path) for r in todo]
+        blobs = self.fs.cat(paths, on_error="return") if len(paths) > 1 else {
+            paths[0]: _cat_or_error(self.fs, paths[0])}
+        for ref, ipath in zip(todo, paths, strict=True):
+            blob = blobs.get(ipath, blobs.get(self.fs._strip_protocol(ipath)))
+            lookup = index_lookup(blob, ipath, ref.path, ref.size_bytes, ref.index_crc32)  # type: ignore[arg-type]
+            if lookup.index is not None:
+                self._check_index_against_manifest(ref, lookup.index)
+            else:
+                self.index_problems[ref.path] = lookup.reason or "unusable"
+            self._indexes[ref.path] = lookup.index
+
+    @staticmethod
+    def _check_index_against_manifest(ref: SegmentRef, index: BatchIndex) -> None:
+        if not len(index):
+            raise BatchIndexError("the batch index has no entry but the manifest lists records",
+                                  index.index_path, 12, ref.path, index.index_path)
+        for what, claim, found in (("first offset", ref.first_offset, int(index.base[0])),
+                                   ("last offset", ref.last_offset, int(index.last[-1])),
+                                   ("min timestamp", ref.min_timestamp, int(index.min_ts.min())),
+                                   ("max timestamp", ref.max_timestamp, int(index.max_ts.max()))):
+            if claim is not None and claim != found:
+                raise BatchIndexError(f"the manifest says {what} {claim} but the batch index says {found}",
+                                      index.index_path, None, ref.path, index.index_path)
+
+    def check_time_bounds(self, refs: list[SegmentRef]) -> list[SegmentRef]:
+        """``refs`` with ``time_checked`` set where the batch index confirms the manifest's time
+        range (then a time filter may prune the segment)."""
+        self._prefetch_indexes(refs)
+        return [replace(r, time_checked=True) if self._indexes.get(r.path) is not None else r for r in refs]
+
     # -- reading ---------------------------------------------------------------------------------
     def read_segment_bytes(self, ref: SegmentRef) -> bytes:
         try:
@@ -415,13 +484,21 @@ class KbsBackup:
     #: instead of read whole; set on an instance (or the class) to change it.
     stream_min_bytes: int = STREAM_MIN_BYTES
 
-    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True) -> OpenedSegment:
+    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True,
+                    bounds: Bounds | None = None) -> OpenedSegment:
         """Open a segment for decoding chunk by chunk (see :meth:`iter_columns`).
 
-        Segments of at least :attr:`stream_min_bytes` are streamed (only the chunks being
-        decoded are in memory; their frames are read as the decode tasks are taken); smaller
-        ones are read whole. Close the result (or let :func:`iter_opened` do it).
+        With ``bounds`` (start and end offset, start and end time; end exclusive; None:
+        unbounded) and a usable batch index, only the batches that may hold records in the
+        bounds are read, when they are at most :attr:`indexed_max_fraction` of the segment.
+        Otherwise segments of at least :attr:`stream_min_bytes` are streamed (only the chunks
+        being decoded are in memory; their frames are read as the decode tasks are taken);
+        smaller ones are read whole. Close the result (or let :func:`iter_opened` do it).
         """
+        if bounds is not None and any(b is not None for b in bounds) and verify_checksums:
+            opened = self._open_indexed(ref, bounds)
+            if opened is not None:
+                return opened
         size = ref.size_bytes if ref.size_bytes is not None else self._segment_size(ref)
         if size < self.stream_min_bytes:
             reader = SegmentReader(self.read_segment(ref), ref.path, verify_checksums, crc64_last=True)
@@ -443,9 +520,25 @@ class KbsBackup:
             raise
         return OpenedSegment(ref, stream, f)
 
+    #: Read through the batch index only when the selected batches are at most this share of
+    #: the segment: they are fetched at once, and a near-whole read is cheaper streamed.
+    indexed_max_fraction: float = 0.5
+
+    def _open_indexed(self, ref: SegmentRef, bounds: Bounds) -> OpenedSegment | None:
+        index = self.batch_index(ref)
+        if index is None:
+            return None
+        runs = index.select(*bounds)
+        if index.stored_bytes(runs) > self.indexed_max_fraction * index.segment_size:
+            return None
+        codec = CODEC_BY_NAME[ref.codec] if ref.codec is not None else None
+        return OpenedSegment(ref, IndexedSource(self.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64),
+                             partial=True)
+
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
                      max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False,
-                     views: bool = False, threads: int | None = None) -> Iterator[RecordColumns | ViewColumns]:
+                     views: bool = False, threads: int | None = None,
+                     bounds: Bounds | None = None) -> Iterator[RecordColumns | ViewColumns]:
         """Decode one segment in chunks, cross-checked against what the manifest says of it.
 
         With ``views`` the chunks are :class:`~fsspec_kbs.format.ViewColumns`: Arrow views into
@@ -461,7 +554,7 @@ class KbsBackup:
         (:meth:`rediagnose`), so it does not depend on the order of the checks.
         """
         try:
-            yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, views, threads)
+            yield from iter_opened(self.open_chunks(ref, verify_checksums, bounds), max_chunk_bytes, views, threads)
         except SegmentFormatError as err:
             self.rediagnose(ref, verify_checksums, err)
 

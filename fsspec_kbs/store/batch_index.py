@@ -6,7 +6,7 @@ The format side (parsing, checks, selection, decoding) is :mod:`fsspec_kbs.forma
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -28,7 +28,7 @@ from fsspec_kbs.format.batch_index import (
 )
 from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
-from fsspec_kbs.format.segment import HEADER_SIZE, SegmentHeader, run_in_order
+from fsspec_kbs.format.segment import HEADER_SIZE, Decoded, DecodeTask, SegmentHeader, iter_checked
 
 SEGMENT_SUFFIX = ".kbs"
 
@@ -59,62 +59,115 @@ def read_index(fs: fsspec.AbstractFileSystem, segment_path: str, segment_size: i
     """
     path = index_path(segment_path)
     try:
-        data = fs.cat_file(path)
-    except FileNotFoundError:
+        data: bytes | Exception = fs.cat_file(path)
+    except FileNotFoundError as e:
+        data = e
+    return index_lookup(data, path, segment_path, segment_size, expected_crc32)
+
+
+def index_lookup(data: bytes | Exception, path: str, segment_path: str, segment_size: int,
+                 expected_crc32: int | None = None) -> IndexLookup:
+    """:func:`read_index` of bytes already read (or the error reading them raised)."""
+    if isinstance(data, FileNotFoundError):
         return IndexLookup(None, f"{path}: no batch index")
+    if isinstance(data, IsADirectoryError):
+        return IndexLookup(None, f"{path}: is a directory, not a batch index")
+    if isinstance(data, Exception):
+        raise data
     try:
         return IndexLookup(parse_index(data, path, segment_path, segment_size, expected_crc32))
     except BatchIndexDamagedError as e:
         return IndexLookup(None, str(e))
 
 
-def read_batches(fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchIndex,
-                 ranges: Sequence[tuple[int, int]], *, codec: Codec | None = None, crc64: int | None = None,
-                 gap: int = DEFAULT_GAP, max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False,
-                 threads: int | None = None, read_header: bool = True) -> Iterator[RecordColumns | ViewColumns]:
-    """Fetch the batch runs ``ranges`` (from :meth:`BatchIndex.select`) of a segment and yield
-    their records, decoded and checked (§7), in order: whole batches, not filtered to a query.
+class IndexedSource:
+    """The batch runs ``runs`` (from :meth:`BatchIndex.select`) of one segment, read through
+    its index, as a :class:`~fsspec_kbs.format.segment.ChunkSource`: whole batches, decoded
+    and checked (§7) in order, not filtered to a query.
 
-    All byte ranges, coalesced (``gap``), and the 32-byte segment header are fetched with one
-    ``fs.cat_ranges`` call, so everything selected is in memory at once: for a selection
-    near the whole segment, read the segment instead. The header gives the codec (which must
-    equal ``codec`` when given) and its CRC-64 must equal ``crc64`` (the manifest's) when
-    given: a segment replaced after its index was written is caught. The segment CRC-64
-    itself cannot be checked without reading the whole segment; each batch's CRC-32 is.
-    Runs are decoded in chunks of about ``max_chunk_bytes`` stored bytes (``threads`` as
-    :func:`~fsspec_kbs.format.segment.run_in_order`). ``read_header=False`` (needs ``codec``)
-    skips the header: one request less when the selection does not start near it, without
-    the ``crc64`` and first-offset checks.
+    The first :meth:`decode_tasks` call fetches all byte ranges, coalesced (``gap``), and the
+    32-byte segment header with one ``fs.cat_ranges`` call, so everything selected is in
+    memory at once: for a selection near the whole segment, read the segment instead. The
+    header gives the codec (which must equal ``codec`` when given) and its CRC-64 must equal
+    ``crc64`` (the manifest's) when given: a segment replaced after its index was written is
+    caught. The segment CRC-64 itself cannot be checked without reading the whole segment;
+    each batch's CRC-32 is. ``read_header=False`` (needs ``codec``) skips the header: one
+    request less when the selection does not start near it, without the ``crc64`` and
+    first-offset checks.
     """
-    ip = index.index_path
-    if not read_header and codec is None:
-        raise ValueError("read_header=False needs the codec")
-    chunks = _split(index, ranges, max_chunk_bytes)
-    if not chunks:
-        return
-    head = [(0, HEADER_SIZE)] if read_header else []
-    wanted = coalesce([*head, *index.byte_ranges(chunks)], gap)
-    blobs = fs.cat_ranges([segment_path] * len(wanted), [s for s, _ in wanted], [e for _, e in wanted],
-                          on_error="raise")
-    for (s, e), blob in zip(wanted, blobs, strict=True):
-        if len(blob) != e - s:
-            raise TruncatedSegmentError(f"file ends at byte {s + len(blob)}, the batch index {ip} expects "
-                                        f"{index.segment_size} bytes", segment_path, s + len(blob))
-    if read_header:
-        codec = _check_header(blobs[0][:HEADER_SIZE], segment_path, index, codec, crc64).codec
-    assert codec is not None
 
-    def tasks() -> Iterator[tuple[None, partial]]:
+    def __init__(self, fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchIndex,
+                 runs: Sequence[tuple[int, int]], *, codec: Codec | None = None, crc64: int | None = None,
+                 gap: int = DEFAULT_GAP, read_header: bool = True) -> None:
+        if not read_header and codec is None:
+            raise ValueError("read_header=False needs the codec")
+        self.fs, self.path, self.index, self.runs = fs, segment_path, index, list(runs)
+        self.codec, self.crc64, self.gap, self.read_header = codec, crc64, gap, read_header
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.index.stored_bytes(self.runs)
+
+    def decode_tasks(self, max_chunk_bytes: int, views: bool) -> Iterator[DecodeTask]:
+        index, path = self.index, self.path
+        chunks = _split(index, self.runs, max_chunk_bytes)
+        if not chunks:
+            return
+        head = [(0, HEADER_SIZE)] if self.read_header else []
+        wanted = coalesce([*head, *index.byte_ranges(chunks)], self.gap)
+        blobs = self.fs.cat_ranges([path] * len(wanted), [s for s, _ in wanted], [e for _, e in wanted],
+                                   on_error="raise")
+        for (s, e), blob in zip(wanted, blobs, strict=True):
+            if len(blob) != e - s:
+                raise TruncatedSegmentError(f"file ends at byte {s + len(blob)}, the batch index {index.index_path} "
+                                            f"expects {index.segment_size} bytes", path, s + len(blob))
+        codec = self.codec
+        if self.read_header:
+            codec = _check_header(blobs[0][:HEADER_SIZE], path, index, codec, self.crc64).codec
+        assert codec is not None
         k = 0
         for first, stop in chunks:
             pos = int(index.position[first])
             while wanted[k][1] <= pos:  # chunks and fetched ranges are both in file order
                 k += 1
-            start = wanted[k][0]
-            yield None, partial(decode_batches, memoryview(blobs[k]), start, index, first, stop, codec, views)
+            decode = partial(decode_batches, memoryview(blobs[k]), wanted[k][0], index, first, stop, codec, views)
+            yield list(range(first, stop)), partial(_no_crc64_share, decode)  # type: ignore[misc]
 
-    for _, cols in run_in_order(tasks(), threads):
-        yield cols
+    # The checks across chunks (ChunkSource): each batch's own checks ran as it was decoded;
+    # what is left is that offsets keep increasing. No CRC-64 or footer: the read is partial.
+    def _check_first(self, group: Sequence[int]) -> None:
+        pass
+
+    def _check_order(self, group: Sequence[int], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+        if not len(cols):
+            return prev_last
+        if int(cols.offsets[0]) <= prev_last:
+            raise BatchIndexError(f"batch {group[0]} starts at offset {int(cols.offsets[0])}, not above the "
+                                  f"previous batch's last offset {prev_last}", self.path,
+                                  int(self.index.position[group[0]]), self.path, self.index.index_path)
+        return int(cols.offsets[-1])
+
+    def _join(self, shares: list[int], groups: list[Sequence[int]]) -> int:
+        return 0
+
+    def _check_end(self, crc: int, last: int) -> None:
+        pass
+
+
+def _no_crc64_share(decode: Callable[[], RecordColumns | ViewColumns]) -> Decoded:
+    return decode(), 0
+
+
+def read_batches(fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchIndex,
+                 ranges: Sequence[tuple[int, int]], *, codec: Codec | None = None, crc64: int | None = None,
+                 gap: int = DEFAULT_GAP, max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False,
+                 threads: int | None = None, read_header: bool = True) -> Iterator[RecordColumns | ViewColumns]:
+    """Records of the batch runs ``ranges`` of a segment, read through its index, decoded and
+    checked, in order (:class:`IndexedSource`; ``threads`` as
+    :func:`~fsspec_kbs.format.segment.run_in_order`)."""
+    source = IndexedSource(fs, segment_path, index, ranges, codec=codec, crc64=crc64, gap=gap,
+                           read_header=read_header)
+    yield from iter_checked(source, max_chunk_bytes, threads, views)  # type: ignore[arg-type]
 
 
 def _check_header(data: bytes, segment_path: str, index: BatchIndex, codec: Codec | None,

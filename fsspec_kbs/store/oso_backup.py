@@ -34,7 +34,7 @@ from fsspec_kbs.format.oso import (
     codec_from_extension,
     decode_segment,
 )
-from fsspec_kbs.store.backup import KbsBackup, SegmentRef, check_size, segment_missing
+from fsspec_kbs.store.backup import Bounds, KbsBackup, SegmentRef, check_size, segment_missing
 from fsspec_kbs.store.names import TOPICS_DIR
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.oso_manifest import OsoManifest
@@ -214,8 +214,10 @@ class OsoBackup(KbsBackup):
                                            ref.path, None if seg.legacy else at)
         return seg
 
-    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True) -> OpenedSegment:
-        """Decode a whole segment (:meth:`open_segment`); its chunks are then copied out as tasks."""
+    def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True,
+                    bounds: Bounds | None = None) -> OpenedSegment:
+        """Decode a whole segment (:meth:`open_segment`); its chunks are then copied out as tasks.
+        ``bounds`` are accepted for the common interface: an OSO segment is one compressed unit."""
         return OpenedSegment(ref, OsoChunks(self.open_segment(ref, verify_checksums)))
 
     def rediagnose(self, ref: SegmentRef, verify_checksums: bool, err: SegmentFormatError) -> NoReturn:
@@ -223,7 +225,7 @@ class OsoBackup(KbsBackup):
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,  # type: ignore[override]
                      max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False,
-                     threads: int | None = None) -> Iterator[RecordColumns]:
+                     threads: int | None = None, bounds: Bounds | None = None) -> Iterator[RecordColumns]:
         """Decode one segment in chunks of about ``max_chunk_bytes`` of record data.
 
         ``views`` is accepted for the common interface; OSO records are always copied (the
