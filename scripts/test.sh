@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install fsspec-kbs with every extra into a fresh virtual environment and run the whole test
-# suite against real services: moto S3, fake-gcs-server, a local Spark session and an Apache
-# Kafka broker (scripts/kafka.sh fetches its jars from Maven Central and starts it on loopback).
+# suite against real services: moto S3, fake-gcs-server, Azurite (npm, pinned by
+# scripts/azurite/package-lock.json, installed into .cache/azurite), a local Spark session and an
+# Apache Kafka broker (scripts/kafka.sh fetches its jars from Maven Central and starts it on loopback).
 #
 #   bash scripts/test.sh            # everything
 #   bash scripts/test.sh -m "not kafka and not spark"   # extra pytest arguments pass through
@@ -15,5 +16,16 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[all,test]"
 export KBS_PYTHON="$PWD/$VENV/bin/python"
 bash scripts/kafka.sh fetch
+# Azurite for the azure tests: npm ci from the committed lock, only when .cache/azurite does not
+# already hold exactly that lock (tests/fixtures/azure.py finds it there and skips without node).
+AZURITE_DIR=.cache/azurite
+if ! command -v npm >/dev/null; then
+    echo "test.sh: npm not found, the azure tests will skip" >&2
+elif [[ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]] \
+        || ! cmp -s scripts/azurite/package-lock.json "$AZURITE_DIR/package-lock.json"; then
+    mkdir -p "$AZURITE_DIR"
+    cp scripts/azurite/package.json scripts/azurite/package-lock.json "$AZURITE_DIR/"
+    npm ci --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error
+fi
 "$VENV/bin/ruff" check fsspec_kbs tests benchmarks examples
 exec "$VENV/bin/python" -m pytest -ra "$@"

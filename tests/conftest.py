@@ -1,4 +1,4 @@
-"""Shared fixtures: conformance vectors, moto S3, fake GCS; service fixtures live in tests/fixtures/."""
+"""Shared fixtures: conformance vectors, moto S3, fake GCS, Azurite; service fixtures live in tests/fixtures/."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.kafka",
     "tests.fixtures.gcs",
+    "tests.fixtures.azure",
 ]
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -1,7 +1,8 @@
-"""The same contract on every storage: memory://, a local dir, moto S3, fake GCS."""
+"""The same contract on every storage: memory://, a local dir, moto S3, fake GCS, Azurite."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import fsspec
@@ -10,6 +11,8 @@ import pytest
 
 import fsspec_kbs
 from fsspec_kbs.arrow.schema import HEADER_TYPE
+from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.store import BackupWriter, KbsBackup
 from fsspec_kbs.validate import validate_backup
 from tests.conftest import table_rows
 
@@ -29,17 +32,44 @@ def sample_table(n: int = 2000) -> pa.Table:
     return pa.table(rows)
 
 
-@pytest.fixture(params=["memory", "local", "s3", "gcs"])
+def _cols(offsets: range) -> RecordColumns:
+    return RecordColumns.from_records([
+        {"offset": o, "timestamp": 1_000 + o, "key": None, "value": str(o).encode(), "headers": []} for o in offsets])
+
+
+# markers on the params (not applied in the fixture), so that -m s3/gcs/azure selects them
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3),
+                        pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("azure", marks=pytest.mark.azure)])
 def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
     if request.param == "memory":
         return f"memory://kbs-{uuid.uuid4().hex}", {}
     if request.param == "local":
         return str(tmp_path), {}
     if request.param == "s3":
-        request.applymarker(pytest.mark.s3)
         return request.getfixturevalue("s3_root"), request.getfixturevalue("s3_storage_options")
-    request.applymarker(pytest.mark.gcs)
-    return request.getfixturevalue("gcs_root"), request.getfixturevalue("gcs_storage_options")
+    if request.param == "gcs":
+        return request.getfixturevalue("gcs_root"), request.getfixturevalue("gcs_storage_options")
+    return request.getfixturevalue("azure_root"), request.getfixturevalue("azure_storage_options")
+
+
+# What fails on Azure (adlfs against Azurite) and why; the library does not work around it yet.
+AZURE_NEGATIVE_RANGE = (
+    "adlfs cat_file/cat_ranges take no negative start (fsspec: from the end): azure-storage-blob sends "
+    "x-ms-range 'bytes=-16-', Azurite ignores it and answers 200 without Content-Range, the SDK raises "
+    "ValueError('Required Content-Range response header is missing or malformed.'); KbsBackup._probe "
+    "(store/backup.py) reads segment footers of a backup without manifest (resume, allow_incomplete) that way"
+)
+AZURE_STALE_LISTING = (
+    "adlfs keeps a stale listing after writes: _pipe_file invalidates self._parent(path) of the path "
+    "split_path already stripped of its container, and AzureBlobFileSystem.invalidate_cache pops only that "
+    "one key (s3fs/gcsfs drop the parents too); fsspec's instance cache hands the same filesystem to the next "
+    "call, so list_backups (fs.ls(root)) does not see a backup written since it last listed"
+)
+
+
+def xfail_on(request: pytest.FixtureRequest, store: str, reason: str) -> None:
+    if request.node.callspec.params.get("root") == store:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
 
 
 def test_write_read_identical(root: tuple[str, dict]) -> None:
@@ -96,3 +126,67 @@ def test_interrupted_write_leaves_no_manifest(root: tuple[str, dict], monkeypatc
     assert not fs.exists(f"{path}/manifest.json")
     with pytest.raises(fsspec_kbs.BackupNotFoundError):
         fsspec_kbs.read_table(url, storage_options=opts)
+
+
+def test_modes_append_overwrite(root: tuple[str, dict]) -> None:
+    """create refuses an existing backup; append adds a segment; overwrite drops what it replaces."""
+    base, opts = root
+    url = f"{base}/backup-4"
+    t1 = pa.table({"value": [b"a", b"b"]})
+    fsspec_kbs.write_table(url, t1, topic="t", storage_options=opts)
+    with pytest.raises(fsspec_kbs.CommitConflictError):
+        fsspec_kbs.write_table(url, t1, topic="t", storage_options=opts)
+    fsspec_kbs.write_table(url, pa.table({"value": [b"c"]}), topic="t", mode="append", storage_options=opts)
+    rows = table_rows(fsspec_kbs.read_table(url, storage_options=opts))
+    assert [(r["offset"], r["value"]) for r in rows] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    assert KbsBackup.open(url, opts).manifest.topics[0].partitions[0].segments == 2
+    fsspec_kbs.write_table(url, pa.table({"value": [b"z"]}), topic="u", mode="overwrite", storage_options=opts)
+    rows = table_rows(fsspec_kbs.read_table(url, storage_options=opts))
+    assert [(r["topic"], r["value"]) for r in rows] == [("u", b"z")]
+    fs, path = fsspec.core.url_to_fs(url, **opts)
+    assert not fs.find(f"{path}/topics/t")
+    assert validate_backup(url, opts, deep=True).ok
+
+
+def test_resume_adopts_flushed_segments(root: tuple[str, dict], request: pytest.FixtureRequest) -> None:
+    xfail_on(request, "azure", AZURE_NEGATIVE_RANGE)
+    base, opts = root
+    url = f"{base}/backup-5"
+    w = BackupWriter(url, storage_options=opts, segment_max_records=10)
+    w.write_columns("t", 0, _cols(range(25)))
+    w.flush()  # segments on storage, no manifest: like a killed backup
+    assert [(b.backup_id, b.complete) for b in fsspec_kbs.list_backups(base, opts)] == [("backup-5", False)]
+    w2 = BackupWriter(url, storage_options=opts, mode="resume", segment_max_records=10)
+    assert w2.last_offset("t", 0) == 24
+    w2.write_columns("t", 0, _cols(range(25, 30)))
+    m = w2.commit()
+    assert m.statistics["records"] == 30
+    rows = table_rows(fsspec_kbs.read_table(url, storage_options=opts))
+    assert [r["value"] for r in rows] == [str(i).encode() for i in range(30)]
+    assert [(b.backup_id, b.complete) for b in fsspec_kbs.list_backups(base, opts)] == [("backup-5", True)]
+
+
+def test_listing_follows_writes(root: tuple[str, dict], request: pytest.FixtureRequest) -> None:
+    """What a listing showed once must not hide what was written after it (listing caches)."""
+    xfail_on(request, "azure", AZURE_STALE_LISTING)
+    base, opts = root
+    fsspec_kbs.write_table(f"{base}/backup-6", pa.table({"value": [b"a"]}), topic="t", storage_options=opts)
+    assert [b.backup_id for b in fsspec_kbs.list_backups(base, opts)] == ["backup-6"]
+    fsspec_kbs.write_table(f"{base}/backup-7", pa.table({"value": [b"b"]}), topic="t", storage_options=opts)
+    assert [b.backup_id for b in fsspec_kbs.list_backups(base, opts)] == ["backup-6", "backup-7"]
+
+
+def test_kbs_protocol_over_store(root: tuple[str, dict]) -> None:
+    base, opts = root
+    url = f"{base}/backup-8"
+    fsspec_kbs.write_table(url, sample_table(600), storage_options=opts, segment_max_records=100)
+    fs = fsspec.filesystem("kbs", fo=url, target_options=opts, skip_instance_cache=True)
+    assert sorted(fs.ls("", detail=False)) == ["manifest.json", "orders", "user.events-v2"]
+    assert fs.ls("orders", detail=False) == ["orders/0", "orders/1"]
+    target, _ = fsspec.core.url_to_fs(url, **opts)
+    for e in fs.ls("orders/0", detail=True):
+        if e["kind"] == "segment":
+            assert e["size"] == target.size(e["target"])
+            assert fs.cat_file(e["name"], start=0, end=4) == b"KBS1"
+    got = [json.loads(x) for x in fs.cat("orders/1/records.jsonl").decode().splitlines()]
+    assert [r["offset"] for r in got] == list(range(len(got))) and got
