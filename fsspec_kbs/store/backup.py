@@ -169,6 +169,8 @@ class KbsBackup:
         #: ``(path, counted)`` of segments whose header and footer agree with the manifest.
         self._checked: set[tuple[str, bool]] = set()
         self._indexes: dict[str, BatchIndex | None] = {}
+        #: Segment file sizes from the last listing (path -> bytes).
+        self._stored_sizes: dict[str, int | None] = {}
         #: Why a segment's batch index was not used (path -> reason), for ``validate``.
         self.index_problems: dict[str, str] = {}
 
@@ -290,6 +292,7 @@ class KbsBackup:
             except InvalidNameError:
                 continue  # foreign files (e.g. temp files) are not segments
             out[key] = info.get("size")
+            self._stored_sizes[self._segment_path(*key)] = info.get("size")
         return out
 
     def check_unread(self, refs: Iterable[SegmentRef], counted: bool = False) -> None:
@@ -383,8 +386,12 @@ class KbsBackup:
         if not refs:
             return []
         paths = [r.path for r in refs]
+        sizes = [self._stored_sizes.get(r.path, r.size_bytes) for r in refs]
         heads = self.fs.cat_ranges(paths, [0] * len(paths), [HEADER_SIZE] * len(paths), on_error="return")
-        feet = self.fs.cat_ranges(paths, [-FOOTER_SIZE] * len(paths), [None] * len(paths), on_error="return")
+        # Footers from the listed size where known: a negative start (a suffix range) is not
+        # understood by every store (adlfs against Azurite returns the whole blob).
+        feet = self.fs.cat_ranges(paths, [-FOOTER_SIZE if n is None else max(0, n - FOOTER_SIZE) for n in sizes],
+                                  sizes, on_error="return")
         out = []
         for ref, head, foot in zip(refs, heads, feet, strict=False):
             for blob in (head, foot):

@@ -60,6 +60,7 @@ def list_backups(root_url: str, storage_options: dict | None = None) -> list[Bac
     """
     fs, root = url_to_fs(root_url, **(storage_options or {}))
     root = root.rstrip("/")
+    fs.invalidate_cache(root)  # a listing reflects the store now, not a cached earlier one
     out = []
     for info in fs.ls(root, detail=True):
         if info["type"] != "directory":

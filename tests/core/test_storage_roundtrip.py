@@ -52,26 +52,6 @@ def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:  # type:
     return request.getfixturevalue("azure_root"), request.getfixturevalue("azure_storage_options")
 
 
-# What fails on Azure (adlfs against Azurite) and why; the library does not work around it yet.
-AZURE_NEGATIVE_RANGE = (
-    "adlfs cat_file/cat_ranges take no negative start (fsspec: from the end): azure-storage-blob sends "
-    "x-ms-range 'bytes=-16-', Azurite ignores it and answers 200 without Content-Range, the SDK raises "
-    "ValueError('Required Content-Range response header is missing or malformed.'); KbsBackup._probe "
-    "(store/backup.py) reads segment footers of a backup without manifest (resume, allow_incomplete) that way"
-)
-AZURE_STALE_LISTING = (
-    "adlfs keeps a stale listing after writes: _pipe_file invalidates self._parent(path) of the path "
-    "split_path already stripped of its container, and AzureBlobFileSystem.invalidate_cache pops only that "
-    "one key (s3fs/gcsfs drop the parents too); fsspec's instance cache hands the same filesystem to the next "
-    "call, so list_backups (fs.ls(root)) does not see a backup written since it last listed"
-)
-
-
-def xfail_on(request: pytest.FixtureRequest, store: str, reason: str) -> None:
-    if request.node.callspec.params.get("root") == store:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
-
-
 def test_write_read_identical(root: tuple[str, dict]) -> None:
     base, opts = root
     table = sample_table()
@@ -149,7 +129,6 @@ def test_modes_append_overwrite(root: tuple[str, dict]) -> None:
 
 
 def test_resume_adopts_flushed_segments(root: tuple[str, dict], request: pytest.FixtureRequest) -> None:
-    xfail_on(request, "azure", AZURE_NEGATIVE_RANGE)
     base, opts = root
     url = f"{base}/backup-5"
     w = BackupWriter(url, storage_options=opts, segment_max_records=10)
@@ -168,7 +147,6 @@ def test_resume_adopts_flushed_segments(root: tuple[str, dict], request: pytest.
 
 def test_listing_follows_writes(root: tuple[str, dict], request: pytest.FixtureRequest) -> None:
     """What a listing showed once must not hide what was written after it (listing caches)."""
-    xfail_on(request, "azure", AZURE_STALE_LISTING)
     base, opts = root
     fsspec_kbs.write_table(f"{base}/backup-6", pa.table({"value": [b"a"]}), topic="t", storage_options=opts)
     assert [b.backup_id for b in fsspec_kbs.list_backups(base, opts)] == ["backup-6"]
