@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsspec_kbs.errors import KbsError, SegmentMismatchError
+from fsspec_kbs.errors import BatchIndexDamagedError, KbsError, SegmentMismatchError
 from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, SegmentHeader
+from fsspec_kbs.format.batch_index import verify_index
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import check_size
+from fsspec_kbs.store.batch_index import index_path
 
 
 @dataclass
@@ -69,11 +71,29 @@ def _quick_segment(backup: KbsBackup, ref: SegmentRef) -> None:
         raise SegmentMismatchError(f"segment codec {h.codec.name.lower()} but the manifest says {ref.codec}", ref.path, 5)
 
 
+#: Record data per decoded chunk in deep validation: with one batch at most 16 MiB, memory
+#: stays at about one batch per decoding thread, whatever the batches claim.
+DEEP_CHUNK_BYTES = 2 * 1024 * 1024
+
+
 def _deep_segment(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) -> None:
     # A matching CRC-64 covers every batch byte, but a writer may still have stored a wrong
     # CRC-32 under a right CRC-64: deep validation checks each batch's own checksum too.
-    for cols in backup.iter_columns(ref, batch_crc=True):
+    for cols in backup.iter_columns(ref, batch_crc=True, max_chunk_bytes=DEEP_CHUNK_BYTES):
         report.records_checked += len(cols)
+    index = backup.batch_index(ref)
+    if index is not None:
+        verify_index(index, backup.open_segment(ref))
+
+
+def _check_index(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) -> None:
+    """A batch index the manifest names (1.2 ``index_crc32``) must be there and intact."""
+    if ref.index_crc32 is None:
+        return
+    if backup.batch_index(ref) is None:
+        report.add(ref.path, BatchIndexDamagedError(
+            f"batch index not usable ({backup.index_problems.get(ref.path)}); reads fall back to the "
+            "whole segment (`kbs index` rewrites it)", index_path(ref.path), None, ref.path, index_path(ref.path)))
 
 
 def validate_backup(
@@ -114,6 +134,7 @@ def validate_backup(
                 check(ref, deep, report)
             else:
                 _quick_segment(backup, ref)
+                _check_index(backup, ref, report)
                 if deep:
                     _deep_segment(backup, ref, report)
             report.bytes_checked += ref.size_bytes or 0

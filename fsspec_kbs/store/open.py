@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import fsspec
 from fsspec.core import url_to_fs
 
-from fsspec_kbs.errors import InvalidNameError, ManifestError
+from fsspec_kbs.errors import InvalidNameError, KbsError, ManifestError
 from fsspec_kbs.store import manifest_json
 from fsspec_kbs.store.backup import KbsBackup, read_manifest_bytes, resolve
-from fsspec_kbs.store.names import MANIFEST, check_backup_id
+from fsspec_kbs.store.names import check_backup_id
 from fsspec_kbs.store.oso_backup import OsoBackup, looks_like_oso_without_manifest
 from fsspec_kbs.store.oso_manifest import is_oso_manifest
 
@@ -56,7 +56,8 @@ class BackupListing:
 def list_backups(root_url: str, storage_options: dict | None = None) -> list[BackupListing]:
     """Backups directly under ``root_url``: directories with a legal backup id.
 
-    ``complete`` is True when the directory has a ``manifest.json``.
+    ``complete`` is True when the directory has a ``manifest.json`` that (OSO layout, whose
+    tool rewrites its manifest as it goes) lists every segment file stored there.
     """
     fs, root = url_to_fs(root_url, **(storage_options or {}))
     root = root.rstrip("/")
@@ -70,5 +71,17 @@ def list_backups(root_url: str, storage_options: dict | None = None) -> list[Bac
             check_backup_id(name)
         except InvalidNameError:
             continue
-        out.append(BackupListing(name, f"{root_url.rstrip('/')}/{name}", fs.exists(f"{info['name'].rstrip('/')}/{MANIFEST}")))
+        out.append(BackupListing(name, f"{root_url.rstrip('/')}/{name}", _complete(fs, info["name"].rstrip("/"))))
     return sorted(out, key=lambda b: b.backup_id)
+
+
+def _complete(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    raw = read_manifest_bytes(fs, path)
+    if raw is None:
+        return False
+    if _layout(fs, path, raw) != "oso":
+        return True
+    try:
+        return OsoBackup.from_storage(fs, path, raw, path).complete
+    except KbsError:
+        return False  # a manifest that does not parse: `kbs validate` says why

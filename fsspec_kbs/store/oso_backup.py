@@ -111,23 +111,16 @@ class OsoBackup(KbsBackup):
             self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
         return list(self._segments)
 
-    def unlisted_segments(self) -> list[str]:
-        """Segment files stored under ``topics/`` that the manifest does not list. The OSO tool
-        rewrites its manifest as it goes, so a backup killed mid-way lists only part of them."""
-        listed = {r.path for r in self.segments()} if self._segments is not None else None
-        if listed is None:
-            return []  # segments() raised or was not called; it runs this check itself
-        return sorted(set(self._stored_files()) - listed)
-
     @property
     def complete(self) -> bool:
+        """A manifest that lists every segment file stored (the tool rewrites it as it goes)."""
         if self.manifest is None:
             return False
         try:
-            self.segments()
+            listed = {r.path for r in self.segments()}
         except IncompleteBackupError:
             return False
-        return True
+        return not set(self._stored_files()) - listed
 
     def _stored_files(self) -> list[str]:
         return [f[2] for f in self._listing()]
@@ -315,7 +308,7 @@ class OsoBackup(KbsBackup):
             "url": self.url,
             "backup_id": self.backup_id,
             "layout": self.layout,
-            "complete": m is not None,
+            "complete": self.complete,
             "version": None,
             "created_at": _iso(m.created_at) if m else None,
             "completed_at": None,
