@@ -21,6 +21,7 @@ from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.filters import ScanFilter, to_millis
 from fsspec_kbs.kafka.groups import read_group_offsets
+from fsspec_kbs.store.names import check_topic
 
 ProgressFn = Callable[[int, int], None]
 OFFSET_HEADER_STYLES = ("kbs", "oso")
@@ -68,7 +69,7 @@ def parse_map(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
         src, sep, dst = pair.partition(":")
         if not sep or not src or not dst:
             raise KbsError(f"--map {pair!r} is not SOURCE:TARGET")
-        out[src] = dst
+        out[check_topic(src)] = check_topic(dst)
     return out
 
 
@@ -144,7 +145,7 @@ def run_restore(
     if offset_header_style not in OFFSET_HEADER_STYLES:
         raise KbsError(f"offset header style must be one of {OFFSET_HEADER_STYLES}")
     t0 = time.monotonic()
-    mapping = dict(mapping or {})
+    mapping = {check_topic(src): check_topic(dst) for src, dst in (mapping or {}).items()}
     ds = KbsDataset.open(backup_url, storage_options)
     in_backup = set(ds.backup.topics())
     unknown = sorted({*(topics or []), *mapping} - in_backup)
