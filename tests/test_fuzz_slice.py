@@ -18,7 +18,7 @@ from tests.fuzz.runner import main
 
 #: ~2-3 minutes on 2 cores (most mutated backups are refused within milliseconds; a hang costs
 #: the 20 s timeout).
-CASES = 400
+CASES = 1000
 SEED = 19
 
 

@@ -9,6 +9,7 @@ import random
 import re
 import select
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,8 @@ def build_case(i: int, seed: int, bases: list[str], work: Path) -> dict:
             desc = mutate.apply(name, dst, rng)
         except mutate.Skip:
             continue
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError, struct.error, OSError):
+            continue  # the mutator did not fit this backup (e.g. an earlier mutation emptied a list)
         muts.append({"mutator": name, **desc})
     return {"case": i, "seed": seed, "base": str(base.relative_to(base.parents[1])), "layout": lay,
             "mutations": muts, "params": params, "dir": str(dst), "case_dir": str(case_dir)}
@@ -290,7 +293,12 @@ def run_case(case: dict, paths: list[str], timeout: float, mem: int) -> dict:
 
 def worker(i: int, seed: int, bases: list[str], work: str, out: str | None, paths: list[str], timeout: float,
            mem: int) -> dict:
-    case = build_case(i, seed, bases, Path(work))
+    try:
+        case = build_case(i, seed, bases, Path(work))
+    except Exception as e:  # never let one case stop the run
+        import traceback
+        return {"case": i, "seed": seed, "base": "?", "mutations": [], "outcomes": {}, "reference": {},
+                "harness_error": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]}
     try:
         case = run_case(case, paths, timeout, mem)
     except Exception as e:  # a bug of the harness itself
