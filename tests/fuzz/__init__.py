@@ -1,0 +1,1 @@
+"""Adversarial fuzzer of every read path (issue 19): see ``python -m tests.fuzz --help``."""
