@@ -143,4 +143,9 @@ def validate_backup(
         report.segments_checked += 1
         if progress is not None:
             progress(ref)
+    if deep and report.ok:
+        try:
+            backup.check_totals()
+        except KbsError as e:
+            report.add(url, e)
     return report

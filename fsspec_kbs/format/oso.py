@@ -42,6 +42,7 @@ from fsspec_kbs.errors import (
     TruncatedSegmentError,
     UnsupportedCodecError,
 )
+from fsspec_kbs.format.codecs import zstd_frame_length
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.kernels import copy_bytes, kernel, put_field
 from fsspec_kbs.format.segment import BatchInfo, Decoded, DecodeTask
@@ -175,6 +176,12 @@ def decompress_body(codec: OsoCodec, body: bytes | memoryview, max_size: int, pa
 
 
 def _zstd(body: bytes | memoryview, max_size: int, path: str | None, at: int) -> bytes:
+    length = zstd_frame_length(body)
+    if length != len(body):
+        # The body is one zstd frame: bytes after it (or a frame running past it) are damage.
+        raise DecompressionError("the body is not exactly one zstd frame" if length < 0 else
+                                 f"{len(body) - length} bytes after the body's zstd frame", path,
+                                 at if length < 0 else at + length)
     try:
         declared = zstandard.frame_content_size(body)
     except zstandard.ZstdError as e:

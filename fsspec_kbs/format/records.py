@@ -217,6 +217,20 @@ class EncodedBatch:
     max_timestamp: int
 
 
+def delta_runs(timestamps: np.ndarray) -> list[tuple[int, int]]:
+    """Runs ``(start, stop)`` of records whose consecutive timestamps differ by less than the
+    int64 range. Within a batch each timestamp is stored as a delta from the previous one
+    (§2.3), so a batch must start where a delta would wrap; a batch's first timestamp is
+    stored whole."""
+    n = len(timestamps)
+    if n < 2 or int(timestamps.max()) - int(timestamps.min()) <= 2**63 - 1:
+        return [(0, n)]  # no difference between two of them can leave int64
+    diffs = np.diff(timestamps.astype(object))
+    cuts = (np.flatnonzero((diffs > 2**63 - 1) | (diffs < -(2**63))) + 1).tolist()
+    edges = [0, *cuts, n]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
 def plan_encode(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 1) -> list[Callable[[], EncodedBatch]]:
     """Split ``cols`` into batches of at most ``max_bytes`` uncompressed bytes: one call per
     batch, in order, that encodes it.
@@ -228,6 +242,9 @@ def plan_encode(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 
     """
     if len(cols) == 0:
         return []
+    runs = delta_runs(cols.timestamps)
+    if len(runs) > 1:
+        return [f for a, b in runs for f in plan_encode(cols.slice(a, b), max_bytes, max_records)]
     cuts = np.empty(len(cols) + 1, dtype=np.int64)
     sizes = np.empty(len(cols) + 1, dtype=np.int64)
     nb = k.plan_batches(

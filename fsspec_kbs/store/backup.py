@@ -109,8 +109,10 @@ def _cat_or_error(fs: fsspec.AbstractFileSystem, path: str) -> bytes | Exception
         return e
 
 
-def segment_missing(ref: SegmentRef) -> BackupNotFoundError:
-    """The error for a segment the manifest lists but the store does not have."""
+def segment_missing(ref: SegmentRef, error: OSError | None = None) -> BackupNotFoundError:
+    """The error for a segment the manifest lists but the store does not have as a file."""
+    if isinstance(error, IsADirectoryError):
+        return BackupNotFoundError(f"segment {ref.path} listed in the manifest is a directory, not a file")
     return BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing")
 
 
@@ -124,6 +126,18 @@ def check_size(ref: SegmentRef, size: int) -> None:
             f"{ref.size_bytes - size} bytes are missing (truncated segment)", ref.path, size)
     raise SegmentMismatchError(
         f"file is {size} bytes but the manifest says {ref.size_bytes}", ref.path, ref.size_bytes)
+
+
+def check_order(refs: list[SegmentRef]) -> list[SegmentRef]:
+    """``refs`` (sorted), after checking that each partition's segments hold increasing,
+    non-overlapping offset ranges in sequence order (§1), where their ranges are known."""
+    for prev, ref in zip(refs, refs[1:], strict=False):
+        if ((prev.topic, prev.partition) == (ref.topic, ref.partition) and prev.last_offset is not None
+                and ref.first_offset is not None and ref.first_offset <= prev.last_offset):
+            raise SegmentMismatchError(
+                f"first offset {ref.first_offset} is not above the previous segment's last offset "
+                f"{prev.last_offset} ({prev.name}): segments overlap or are out of order", ref.path, 8)
+    return refs
 
 
 def _strip(path: str) -> str:
@@ -166,9 +180,11 @@ class KbsBackup:
         self.storage_options = dict(storage_options or {})
         self.allow_incomplete = allow_incomplete
         self._segments: list[SegmentRef] | None = None
-        #: ``(path, counted)`` of segments whose header and footer agree with the manifest.
-        self._checked: set[tuple[str, bool]] = set()
+        #: Segments whose header and footer offsets agree with the manifest.
+        self._checked: set[str] = set()
         self._indexes: dict[str, BatchIndex | None] = {}
+        #: Uncompressed batch bytes of each segment read whole (path -> bytes), for check_totals.
+        self._uncompressed_read: dict[str, int] = {}
         #: Segment file sizes from the last listing (path -> bytes).
         self._stored_sizes: dict[str, int | None] = {}
         #: Why a segment's batch index was not used (path -> reason), for ``validate``.
@@ -231,7 +247,7 @@ class KbsBackup:
         """Every segment in (topic, partition, sequence) order, from the manifest only when it can."""
         if self._segments is None:
             refs = self._discover() if self.manifest is None else self._from_manifest()
-            self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
+            self._segments = check_order(sorted(refs, key=lambda r: (r.topic, r.partition, r.seq)))
         return list(self._segments)
 
     def _from_manifest(self) -> list[SegmentRef]:
@@ -256,7 +272,7 @@ class KbsBackup:
         if self.manifest.has_index:
             return self._from_index()
         refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq)) for t, p, seq in listed])
-        self._checked.update((r.path, True) for r in refs)
+        self._checked.update(r.path for r in refs)
         by_part: dict[tuple[str, int], list[SegmentRef]] = {}
         for r in refs:
             by_part.setdefault((r.topic, r.partition), []).append(r)
@@ -295,23 +311,21 @@ class KbsBackup:
             self._stored_sizes[self._segment_path(*key)] = info.get("size")
         return out
 
-    def check_unread(self, refs: Iterable[SegmentRef], counted: bool = False) -> None:
-        """Read the header and footer of segments a scan skips on the manifest's word and
-        compare them with it: a segment pruned by offset whose file holds other offsets (or,
-        with ``counted``, one counted without decoding that holds another number of records)
-        is an error, never rows silently left out. Two small ranged reads per segment, all in
-        one ``cat_ranges`` call. What does not change the answer (a CRC-64) is left to reads
-        of the segment and to ``validate``."""
-        fields = ["first_offset", "last_offset"] + (["records"] if counted else [])
-        todo = [r for r in refs if (r.path, counted) not in self._checked and (r.path, True) not in self._checked]
+    def check_unread(self, refs: Iterable[SegmentRef]) -> None:
+        """Read the header and footer of segments a scan prunes on the manifest's offsets and
+        compare them with it: a pruned segment whose file holds other offsets is an error,
+        never rows silently left out. Two small ranged reads per segment, all in one
+        ``cat_ranges`` call. What does not change the answer (a CRC-64) is left to reads of
+        the segment and to ``validate``."""
+        todo = [r for r in refs if r.path not in self._checked]
         for ref, probed in zip(todo, self._probe(todo), strict=True):
-            for name in fields:
+            for name in ("first_offset", "last_offset"):
                 claim, found = getattr(ref, name), getattr(probed, name)
                 if claim is not None and claim != found:
                     raise SegmentMismatchError(
                         f"{name.replace('_', ' ')} {found} in the file but {claim} in the manifest",
-                        ref.path, {"first_offset": 8, "records": 16}.get(name))
-            self._checked.add((ref.path, counted))
+                        ref.path, 8 if name == "first_offset" else None)
+            self._checked.add(ref.path)
 
     def select(
         self,
@@ -395,8 +409,8 @@ class KbsBackup:
         out = []
         for ref, head, foot in zip(refs, heads, feet, strict=False):
             for blob in (head, foot):
-                if isinstance(blob, FileNotFoundError):
-                    raise segment_missing(ref) from blob
+                if isinstance(blob, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                    raise segment_missing(ref, blob) from blob
                 if isinstance(blob, Exception):
                     raise blob
             h = SegmentHeader.parse(head, ref.path)
@@ -461,8 +475,8 @@ class KbsBackup:
     def read_segment_bytes(self, ref: SegmentRef) -> bytes:
         try:
             data = self.fs.cat_file(ref.path)
-        except FileNotFoundError as e:
-            raise segment_missing(ref) from e
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise segment_missing(ref, e) from e
         check_size(ref, len(data))
         return data
 
@@ -475,8 +489,8 @@ class KbsBackup:
         try:
             with self.fs.open(ref.path, "rb") as f:
                 data = read_pooled(f, f.size + 1)  # one byte more: a file grown past its size shows
-        except FileNotFoundError as e:
-            raise segment_missing(ref) from e
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise segment_missing(ref, e) from e
         check_size(ref, len(data))
         return data
 
@@ -510,11 +524,11 @@ class KbsBackup:
         if size < self.stream_min_bytes:
             reader = SegmentReader(self.read_segment(ref), ref.path, verify_checksums, crc64_last=True)
             self._check_crc64(ref, reader.header.checksum)
-            return OpenedSegment(ref, reader)
+            return OpenedSegment(ref, reader, on_finish=self._finished)
         try:
             f = self.fs.open(ref.path, "rb", block_size=STREAM_BLOCK_SIZE, cache_type="readahead")
-        except FileNotFoundError as e:
-            raise segment_missing(ref) from e
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise segment_missing(ref, e) from e
         try:
             # Buffered fsspec files know their size from opening them: no second request.
             actual = getattr(f, "size", None)
@@ -525,7 +539,21 @@ class KbsBackup:
         except BaseException:
             f.close()
             raise
-        return OpenedSegment(ref, stream, f)
+        return OpenedSegment(ref, stream, f, on_finish=self._finished)
+
+    def _finished(self, opened: OpenedSegment) -> None:
+        self._uncompressed_read[opened.ref.path] = opened.uncompressed_bytes
+
+    def check_totals(self) -> None:
+        """Once every segment was read whole: the manifest's ``statistics.uncompressed_bytes``
+        equals the sum of the batches' uncompressed sizes (§3)."""
+        if self.manifest is None or set(self._uncompressed_read) != {r.path for r in self.segments()}:
+            return
+        found = sum(self._uncompressed_read.values())
+        claim = self.manifest.statistics.get("uncompressed_bytes")
+        if claim != found:
+            raise ManifestMismatchError(f"statistics.uncompressed_bytes is {claim} but the segments' batches "
+                                        f"hold {found} bytes", f"{self.path}/{MANIFEST}")
 
     #: Read through the batch index only when the selected batches are at most this share of
     #: the segment: they are fetched at once, and a near-whole read is cheaper streamed.
@@ -576,8 +604,8 @@ class KbsBackup:
     def _segment_size(self, ref: SegmentRef) -> int:
         try:
             return int(self.fs.size(ref.path))
-        except FileNotFoundError as e:
-            raise segment_missing(ref) from e
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise segment_missing(ref, e) from e
 
     def _check_crc64(self, ref: SegmentRef, header_crc: int) -> None:
         if ref.crc64 is not None and header_crc != ref.crc64:

@@ -10,6 +10,7 @@ manifest claims about the segment files themselves is checked against them as th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -319,7 +320,7 @@ class Manifest:
         if not isinstance(version, str):
             raise ManifestError("manifest: field 'version' is missing or not a string", path)
         major, _, minor = version.partition(".")
-        if not (major.isdigit() and minor.isdigit()) or len(version) > 16:
+        if not re.fullmatch(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})", version):
             raise ManifestError(f"manifest version {version!r} is not MAJOR.MINOR", path)
         if int(major) != SUPPORTED_MAJOR:
             raise UnsupportedVersionError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from fsspec_kbs.errors import SegmentMismatchError
@@ -26,11 +26,12 @@ class OpenedSegment(ChunkChecks):
     including what the manifest says of the segment (records, first and last offset)."""
 
     def __init__(self, ref: SegmentRef, source: ChunkSource, file: IO[bytes] | None = None,
-                 partial: bool = False) -> None:
+                 partial: bool = False, on_finish: Callable[[OpenedSegment], None] | None = None) -> None:
         super().__init__(source)
         self.ref = ref
         #: Only some batches are read (through the batch index): no whole-segment checks.
         self.partial = partial
+        self._on_finish = on_finish
         self._file = file
         self.records = 0
         self.first: int | None = None
@@ -65,6 +66,13 @@ class OpenedSegment(ChunkChecks):
             if theirs is not None and mine is not None and mine != theirs:
                 raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
                                            ref.path, 0)
+        if self._on_finish is not None:
+            self._on_finish(self)
+
+    @property
+    def uncompressed_bytes(self) -> int:
+        """Uncompressed size of the batches accepted so far (KBS batches; 0 for others)."""
+        return sum(getattr(b, "uncompressed_size", 0) for g in self.groups for b in g)
 
     def close(self) -> None:
         if self._file is not None:

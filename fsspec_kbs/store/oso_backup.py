@@ -34,7 +34,14 @@ from fsspec_kbs.format.oso import (
     codec_from_extension,
     decode_segment,
 )
-from fsspec_kbs.store.backup import Bounds, KbsBackup, SegmentRef, check_size, segment_missing
+from fsspec_kbs.store.backup import (
+    Bounds,
+    KbsBackup,
+    SegmentRef,
+    check_order,
+    check_size,
+    segment_missing,
+)
 from fsspec_kbs.store.names import TOPICS_DIR
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.oso_manifest import OsoManifest
@@ -108,7 +115,7 @@ class OsoBackup(KbsBackup):
                                 records=s.record_count, size_bytes=s.compressed_size,
                                 codec=codec, layout=LAYOUT))
                 self._check_all_listed(refs)
-            self._segments = sorted(refs, key=lambda r: (r.topic, r.partition, r.seq))
+            self._segments = check_order(sorted(refs, key=lambda r: (r.topic, r.partition, r.seq)))
         return list(self._segments)
 
     @property
@@ -127,7 +134,11 @@ class OsoBackup(KbsBackup):
 
     def _check_all_listed(self, refs: list[SegmentRef]) -> None:
         listed = {r.path for r in refs}
-        unlisted = sorted(set(self._stored_files()) - listed)
+        stored = set(self._stored_files())
+        for ref in refs:
+            if ref.path not in stored:
+                raise segment_missing(ref)
+        unlisted = sorted(stored - listed)
         if unlisted and not self.allow_incomplete:
             raise IncompleteBackupError(
                 f"{self.url} is incomplete: {len(unlisted)} segment file(s) on storage are not in its "
@@ -205,6 +216,18 @@ class OsoBackup(KbsBackup):
             if theirs is not None and mine is not None and mine != theirs:
                 raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
                                            ref.path, None if seg.legacy else at)
+        if count:
+            if seg.legacy:
+                first_ts, last_ts = seg.legacy_columns.timestamps[[0, -1]]  # type: ignore[union-attr]
+            else:
+                assert seg.records is not None
+                first_ts = seg.records.columns(0, 1).timestamps[0]
+                last_ts = seg.records.columns(count - 1, count).timestamps[0]
+            start_ts, end_ts = self._timestamps.get(ref.path, (None, None))
+            for what, mine, theirs in (("first record's timestamp", int(first_ts), start_ts),
+                                       ("last record's timestamp", int(last_ts), end_ts)):
+                if theirs is not None and mine != theirs:
+                    raise SegmentMismatchError(f"{what} is {mine} but the manifest says {theirs}", ref.path)
         return seg
 
     def open_chunks(self, ref: SegmentRef, verify_checksums: bool = True,
@@ -227,19 +250,19 @@ class OsoBackup(KbsBackup):
         yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, threads=threads)
 
     # -- checking --------------------------------------------------------------------------------
-    def check_unread(self, refs: Iterable[SegmentRef], counted: bool = False) -> None:
+    def check_unread(self, refs: Iterable[SegmentRef]) -> None:
         """As :meth:`KbsBackup.check_unread`, from the OSO header (count, start and end offset).
 
         A legacy segment (no ``KBAK`` header) has nothing to probe: only decoding it whole
         would tell, which is what pruning avoids, so its manifest entry is taken as it is."""
-        todo = [r for r in refs if (r.path, True) not in self._checked]
+        todo = [r for r in refs if r.path not in self._checked]
         if not todo:
             return
         heads = self.fs.cat_ranges([r.path for r in todo], [0] * len(todo), [HEADER_SIZE] * len(todo),
                                    on_error="return")
         for ref, head in zip(todo, heads, strict=True):
-            if isinstance(head, FileNotFoundError):
-                raise segment_missing(ref) from head
+            if isinstance(head, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                raise segment_missing(ref, head) from head
             if isinstance(head, Exception):
                 raise head
             if bytes(head[:4]) == MAGIC and len(head) == HEADER_SIZE:
@@ -250,7 +273,7 @@ class OsoBackup(KbsBackup):
                     if theirs is not None and mine != theirs:
                         raise SegmentMismatchError(f"{what} {mine} in the file but {theirs} in the manifest",
                                                    ref.path, at)
-            self._checked.add((ref.path, True))
+            self._checked.add(ref.path)
 
     def validate_segment(self, ref: SegmentRef, deep: bool, report: Any) -> None:
         """Used by :func:`fsspec_kbs.validate.validate_backup`.
@@ -271,8 +294,8 @@ class OsoBackup(KbsBackup):
             return
         try:
             size = self.fs.size(ref.path)
-        except FileNotFoundError as e:
-            raise segment_missing(ref) from e
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise segment_missing(ref, e) from e
         check_size(ref, size)
         head = self.fs.cat_file(ref.path, start=0, end=min(size, HEADER_SIZE))
         if bytes(head[:4]) != MAGIC:

@@ -266,3 +266,22 @@ def test_manifest_field_types_name_the_field(backup: Path) -> None:
     edit(backup, lambda d: d["topics"][0]["partitions"][0].update(records="12"))
     with pytest.raises(ManifestError, match=r"partitions\[0\]\.records"):
         fsspec_kbs.read_table(str(backup))
+
+
+def test_timestamps_whose_delta_leaves_int64_start_a_new_batch(tmp_path: Path) -> None:
+    """Each batch stores its first timestamp whole: extreme but legal timestamps round-trip."""
+    ts = [1_700_000_000_000, -(2**63), 2**63 - 1, 5]
+    t = pa.table({"offset": pa.array(range(4), pa.int64()),
+                  "timestamp": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                  "value": [b"a", b"b", b"c", b"d"]})
+    fsspec_kbs.write_table(str(tmp_path / "b"), t, topic="t")
+    back = fsspec_kbs.read_table(str(tmp_path / "b"))
+    assert back.column("timestamp").cast(pa.int64()).to_pylist() == ts
+    assert validate_backup(str(tmp_path / "b"), deep=True).ok
+
+
+def test_uncompressed_bytes_statistic_is_checked_by_full_reads(backup: Path) -> None:
+    edit(backup, lambda d: d["statistics"].update(uncompressed_bytes=d["statistics"]["uncompressed_bytes"] - 1))
+    with pytest.raises(ManifestError, match="uncompressed_bytes"):
+        fsspec_kbs.read_table(str(backup))
+    assert not validate_backup(str(backup), deep=True).ok
