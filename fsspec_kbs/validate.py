@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.errors import BatchIndexDamagedError, KbsError, SegmentMismatchError
 from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, SegmentHeader
 from fsspec_kbs.format.batch_index import verify_index
@@ -80,6 +81,7 @@ def _deep_segment(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) 
     # A matching CRC-64 covers every batch byte, but a writer may still have stored a wrong
     # CRC-32 under a right CRC-64: deep validation checks each batch's own checksum too.
     for cols in backup.iter_columns(ref, batch_crc=True, max_chunk_bytes=DEEP_CHUNK_BYTES):
+        check_header_keys(cols, ref.path)
         report.records_checked += len(cols)
     index = backup.batch_index(ref)
     if index is not None:

@@ -101,14 +101,22 @@ def _header_parts(cols: RecordColumns | ViewColumns, bufs: list[pa.Buffer]) -> t
             HEADER_TYPE)
 
 
-def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None,
-                  bufs: list[pa.Buffer] | None = None) -> pa.Array:
-    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made."""
+def check_header_keys(cols: RecordColumns | ViewColumns, path: str | None = None,
+                      bufs: list[pa.Buffer] | None = None) -> tuple[pa.Array, pa.Array, pa.DataType]:
+    """Header keys must be UTF-8 (Kafka's are strings): the check every path that hands
+    records on (Arrow, ``validate``, ``convert``) makes. Returns the header parts."""
     keys, values, typ = _header_parts(cols, _data_buffers(cols) if bufs is None else bufs)
     try:
         keys.validate(full=True)
     except pa.ArrowInvalid as e:
         raise RecordFormatError(f"a header key is not valid UTF-8: {e}", path) from e
+    return keys, values, typ
+
+
+def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None,
+                  bufs: list[pa.Buffer] | None = None) -> pa.Array:
+    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made."""
+    keys, values, typ = check_header_keys(cols, path, bufs)
     struct = pa.StructArray.from_arrays([keys, values], fields=list(typ))
     return pa.Array.from_buffers(pa.list_(typ), len(cols), [None, arrow_buffer(cols.header_offsets)],
                                  children=[struct])

@@ -183,8 +183,8 @@ class KbsBackup:
         #: Segments whose header and footer offsets agree with the manifest.
         self._checked: set[str] = set()
         self._indexes: dict[str, BatchIndex | None] = {}
-        #: Uncompressed batch bytes of each segment read whole (path -> bytes), for check_totals.
-        self._uncompressed_read: dict[str, int] = {}
+        #: Of each segment read whole: uncompressed batch bytes, min and max timestamp (check_totals).
+        self._read_whole: dict[str, tuple[int, int | None, int | None]] = {}
         #: Segment file sizes from the last listing (path -> bytes).
         self._stored_sizes: dict[str, int | None] = {}
         #: Why a segment's batch index was not used (path -> reason), for ``validate``.
@@ -271,8 +271,13 @@ class KbsBackup:
                 "(an edited or stale manifest, or a commit in progress)", f"{self.path}/{MANIFEST}")
         if self.manifest.has_index:
             return self._from_index()
-        refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq)) for t, p, seq in listed])
+        refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq), size_bytes=stored[(t, p, seq)])
+                            for t, p, seq in listed])
         self._checked.update(r.path for r in refs)
+        stored_bytes = sum(r.size_bytes or 0 for r in refs)
+        if self.manifest.statistics["compressed_bytes"] != stored_bytes:
+            raise ManifestMismatchError(f"statistics.compressed_bytes is {self.manifest.statistics['compressed_bytes']} "
+                                        f"but the segment files hold {stored_bytes} bytes", f"{self.path}/{MANIFEST}")
         by_part: dict[tuple[str, int], list[SegmentRef]] = {}
         for r in refs:
             by_part.setdefault((r.topic, r.partition), []).append(r)
@@ -417,6 +422,10 @@ class KbsBackup:
             if len(foot) < FOOTER_SIZE:
                 raise TruncatedSegmentError("file too short for a footer", ref.path, 0)
             f = SegmentFooter.parse(b"\0" * HEADER_SIZE + foot, ref.path)
+            if h.record_count and f.last_offset - h.first_offset + 1 < h.record_count:
+                raise SegmentMismatchError(
+                    f"footer last offset {f.last_offset} cannot end {h.record_count} records from first offset "
+                    f"{h.first_offset}", ref.path, None if ref.size_bytes is None else ref.size_bytes - FOOTER_SIZE)
             out.append(replace(ref, first_offset=h.first_offset, last_offset=f.last_offset,
                                records=h.record_count, crc64=h.checksum,
                                codec={0: "none", 1: "lz4", 2: "zstd"}[int(h.codec)]))
@@ -542,18 +551,26 @@ class KbsBackup:
         return OpenedSegment(ref, stream, f, on_finish=self._finished)
 
     def _finished(self, opened: OpenedSegment) -> None:
-        self._uncompressed_read[opened.ref.path] = opened.uncompressed_bytes
+        self._read_whole[opened.ref.path] = (opened.uncompressed_bytes, opened.min_ts, opened.max_ts)
 
     def check_totals(self) -> None:
         """Once every segment was read whole: the manifest's ``statistics.uncompressed_bytes``
-        equals the sum of the batches' uncompressed sizes (§3)."""
-        if self.manifest is None or set(self._uncompressed_read) != {r.path for r in self.segments()}:
+        and ``time_range`` equal what the batches hold (§3)."""
+        if self.manifest is None or set(self._read_whole) != {r.path for r in self.segments()}:
             return
-        found = sum(self._uncompressed_read.values())
-        claim = self.manifest.statistics.get("uncompressed_bytes")
-        if claim != found:
-            raise ManifestMismatchError(f"statistics.uncompressed_bytes is {claim} but the segments' batches "
-                                        f"hold {found} bytes", f"{self.path}/{MANIFEST}")
+        seen = self._read_whole.values()
+        mins = [lo for _, lo, _ in seen if lo is not None]
+        maxs = [hi for _, _, hi in seen if hi is not None]
+        for what, claim, found in (
+                ("statistics.uncompressed_bytes", self.manifest.statistics.get("uncompressed_bytes"),
+                 sum(n for n, _, _ in seen)),
+                ("time_range.earliest_timestamp", self.manifest.time_range.get("earliest_timestamp"),
+                 min(mins) if mins else None),
+                ("time_range.latest_timestamp", self.manifest.time_range.get("latest_timestamp"),
+                 max(maxs) if maxs else None)):
+            if claim != found:
+                raise ManifestMismatchError(f"{what} is {claim} but the segments hold {found}",
+                                            f"{self.path}/{MANIFEST}")
 
     #: Read through the batch index only when the selected batches are at most this share of
     #: the segment: they are fetched at once, and a near-whole read is cheaper streamed.

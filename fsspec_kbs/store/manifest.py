@@ -63,7 +63,7 @@ class _TopicDoc(msgspec.Struct):
 
 class _CompressionDoc(msgspec.Struct):
     algorithm: Literal["none", "lz4", "zstd"]
-    level: I64 | None = None
+    level: Any = None  # the writer's setting: nothing a reader does depends on it
 
 
 class _StatisticsDoc(msgspec.Struct):

@@ -12,7 +12,7 @@ import msgspec
 
 from fsspec_kbs.errors import InvalidNameError, ManifestError
 from fsspec_kbs.store import manifest_json
-from fsspec_kbs.store.names import check_topic
+from fsspec_kbs.store.names import TOPICS_DIR, check_topic
 
 I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 U63 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -23,10 +23,14 @@ class OsoSegmentEntry(msgspec.Struct):
     start_offset: U63
     end_offset: U63
     record_count: U63
-    start_timestamp: I64 | None = None
-    end_timestamp: I64 | None = None
-    uncompressed_size: U63 | None = None
-    compressed_size: U63 | None = None
+    # Absent in some manifests (then unknown: None after parsing), but never null or of
+    # another type: msgspec.UNSET tells the two apart.
+    start_timestamp: I64 | None | msgspec.UnsetType = msgspec.UNSET
+    end_timestamp: I64 | None | msgspec.UnsetType = msgspec.UNSET
+    uncompressed_size: U63 | None | msgspec.UnsetType = msgspec.UNSET
+    compressed_size: U63 | None | msgspec.UnsetType = msgspec.UNSET
+
+    _OPTIONAL = ("start_timestamp", "end_timestamp", "uncompressed_size", "compressed_size")
 
 
 class OsoGap(msgspec.Struct):
@@ -100,8 +104,18 @@ class OsoManifest(msgspec.Struct):
                 prev = None
                 for si, s in enumerate(p.segments):
                     where = f"{t.name}/{p.partition_id} segments[{si}]"
+                    for name in s._OPTIONAL:
+                        value = getattr(s, name)
+                        if value is None:
+                            raise ManifestError(f"{where}: {name} is null (leave it out when unknown)", path)
+                        if value is msgspec.UNSET:
+                            setattr(s, name, None)
                     if s.key.startswith("/") or ".." in s.key.split("/") or "\\" in s.key or "\0" in s.key:
                         raise ManifestError(f"{where}: illegal segment key {s.key!r}", path)
+                    if f"/{TOPICS_DIR}/{t.name}/partition={p.partition_id}/segment-" not in f"/{s.key}":
+                        raise ManifestError(f"{where}: key {s.key!r} is not a segment of {t.name}/{p.partition_id} "
+                                            f"(expected …/{TOPICS_DIR}/{t.name}/partition={p.partition_id}/segment-…)",
+                                            path)
                     if s.record_count and (s.end_offset < s.start_offset
                                            or s.end_offset - s.start_offset + 1 < s.record_count):
                         raise ManifestError(f"{where}: offsets {s.start_offset}…{s.end_offset} with "
