@@ -25,6 +25,7 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
+from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.errors import CommitConflictError, KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.oso import (
@@ -325,7 +326,7 @@ def convert_backup(
             created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
         elif m is not None:
             created = _ms_from_iso(m.created_at)
-            sc = m.source_cluster or {}
+            sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
             cluster_id = sc.get("cluster_id")
             brokers = sc.get("bootstrap_servers") or []
             if isinstance(brokers, str):
@@ -360,6 +361,7 @@ def convert_backup(
                 writer.flush_partition(*prev)  # bound memory: one partition's pending records at a time
             prev = (ref.topic, ref.partition)
             for cols in src.iter_columns(ref, verify_checksums=verify_checksums):
+                check_header_keys(cols, ref.path)  # what a reader of the copy checks, before writing it
                 writer.write_columns(ref.topic, ref.partition, cols)
                 state.records += len(cols)
             state.segments_done += 1

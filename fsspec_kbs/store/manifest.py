@@ -89,7 +89,7 @@ class _ManifestDoc(msgspec.Struct):
     statistics: _StatisticsDoc
     time_range: _TimeRangeDoc
     topics: list[_TopicDoc]
-    source_cluster: dict[str, Any] | None = None
+    source_cluster: Any = None  # {cluster_id, bootstrap_servers} by §3; nothing read depends on it
 
 
 def utc_now_iso() -> str:

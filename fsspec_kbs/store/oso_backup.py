@@ -216,6 +216,10 @@ class OsoBackup(KbsBackup):
             if theirs is not None and mine is not None and mine != theirs:
                 raise SegmentMismatchError(f"segment holds {what} {mine} but the manifest says {theirs}",
                                            ref.path, None if seg.legacy else at)
+        claimed = self._limits.get(ref.path)
+        if claimed is not None and seg.uncompressed_size != claimed:
+            raise SegmentMismatchError(f"body decompresses to {seg.uncompressed_size} bytes but the manifest's "
+                                       f"uncompressed_size is {claimed}", ref.path, None if seg.legacy else HEADER_SIZE)
         if count:
             if seg.legacy:
                 first_ts, last_ts = seg.legacy_columns.timestamps[[0, -1]]  # type: ignore[union-attr]
