@@ -9,6 +9,7 @@ from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.errors import BatchIndexDamagedError, KbsError, SegmentMismatchError
 from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, SegmentHeader
 from fsspec_kbs.format.batch_index import verify_index
+from fsspec_kbs.format.codecs import CODEC_NAMES
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import check_size
 from fsspec_kbs.store.batch_index import index_path
@@ -68,7 +69,7 @@ def _quick_segment(backup: KbsBackup, ref: SegmentRef) -> None:
                                    ("last offset", f.last_offset, ref.last_offset, size - FOOTER_SIZE)):
         if theirs is not None and mine != theirs:
             raise SegmentMismatchError(f"{what} {mine} in the file but {theirs} in the manifest", ref.path, at)
-    if ref.codec is not None and int(h.codec) != {"none": 0, "lz4": 1, "zstd": 2}.get(ref.codec, -1):
+    if ref.codec is not None and CODEC_NAMES[h.codec] != ref.codec:
         raise SegmentMismatchError(f"segment codec {h.codec.name.lower()} but the manifest says {ref.codec}", ref.path, 5)
 
 

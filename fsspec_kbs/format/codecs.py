@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import cramjam
 import lz4.frame
@@ -22,9 +24,20 @@ class Codec(enum.IntEnum):
     ZSTD = 2
 
 
-CODEC_NAMES = {Codec.NONE: "none", Codec.LZ4: "lz4", Codec.ZSTD: "zstd"}
-CODEC_BY_NAME = {name: codec for codec, name in CODEC_NAMES.items()}
-DEFAULT_LEVELS = {Codec.NONE: 0, Codec.LZ4: 0, Codec.ZSTD: 3}
+class CodecFunctions(NamedTuple):
+    """One codec of the registry: its name (manifests, options, CLI), default level, and the
+    two functions every batch goes through."""
+
+    name: str
+    default_level: int
+    compress: Callable[[bytes | memoryview, int], bytes]
+    decompress: Callable[[bytes | memoryview, int], bytes | memoryview | np.ndarray]
+
+
+#: THE codec registry: every list of codecs (manifest model, options, CLI choices) is read from
+#: it. Adding a codec: a ``Codec`` member, its entry here (filled in at the end of this module,
+#: once its functions exist), its kernel, and tests.
+REGISTRY: dict[Codec, CodecFunctions] = {}
 
 # zstd contexts are not thread-safe; keep one per thread and level.
 _local = threading.local()
@@ -85,13 +98,7 @@ def _zstd_decompressor() -> zstandard.ZstdDecompressor:
 
 def compress(codec: Codec, data: bytes | memoryview, level: int | None = None) -> bytes:
     """Compress ``data`` as one complete frame of ``codec``."""
-    if codec == Codec.NONE:
-        return bytes(data)
-    if level is None:
-        level = DEFAULT_LEVELS[codec]
-    if codec == Codec.ZSTD:
-        return _zstd_compressor(level).compress(data)
-    return lz4.frame.compress(data, compression_level=level, store_size=True)
+    return _registered(codec).compress(data, DEFAULT_LEVELS[codec] if level is None else level)
 
 
 def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> bytes | memoryview | np.ndarray:
@@ -101,15 +108,32 @@ def decompress(codec: Codec, frame: bytes | memoryview, expected_size: int) -> b
     Raises :class:`DecompressionError` (without location; the caller adds it) if the frame is
     invalid or holds any other amount of data than ``expected_size``.
     """
-    if codec == Codec.NONE:
-        if len(frame) != expected_size:
-            raise DecompressionError(
-                f"uncompressed batch is {len(frame)} bytes but its header says {expected_size}"
-            )
-        return frame
-    if codec == Codec.ZSTD:
-        return _zstd_decompress(frame, expected_size)
-    return _lz4_decompress(frame, expected_size)
+    return _registered(codec).decompress(frame, expected_size)
+
+
+def _registered(codec: Codec) -> CodecFunctions:
+    try:
+        return REGISTRY[codec]
+    except KeyError:
+        raise UnsupportedCodecError(f"no codec registered for compression code {codec!r}") from None
+
+
+def _none_compress(data: bytes | memoryview, level: int) -> bytes:
+    return bytes(data)
+
+
+def _none_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | memoryview:
+    if len(frame) != expected_size:
+        raise DecompressionError(f"uncompressed batch is {len(frame)} bytes but its header says {expected_size}")
+    return frame
+
+
+def _zstd_compress(data: bytes | memoryview, level: int) -> bytes:
+    return _zstd_compressor(level).compress(data)
+
+
+def _lz4_compress(data: bytes | memoryview, level: int) -> bytes:
+    return lz4.frame.compress(data, compression_level=level, store_size=True)
 
 
 _ZSTD_MAGIC = 0xFD2FB528
@@ -206,3 +230,13 @@ def _lz4_decompress(frame: bytes | memoryview, expected_size: int) -> np.ndarray
     if n != expected_size:
         raise DecompressionError(f"lz4 frame decompressed to {n} bytes but the batch header says {expected_size}")
     return out
+
+
+REGISTRY.update({
+    Codec.NONE: CodecFunctions("none", 0, _none_compress, _none_decompress),
+    Codec.LZ4: CodecFunctions("lz4", 0, _lz4_compress, _lz4_decompress),
+    Codec.ZSTD: CodecFunctions("zstd", 3, _zstd_compress, _zstd_decompress),
+})
+CODEC_NAMES = {codec: f.name for codec, f in REGISTRY.items()}
+CODEC_BY_NAME = {name: codec for codec, name in CODEC_NAMES.items()}
+DEFAULT_LEVELS = {codec: f.default_level for codec, f in REGISTRY.items()}

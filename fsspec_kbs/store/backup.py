@@ -30,7 +30,7 @@ from fsspec_kbs.format import (
     ViewColumns,
 )
 from fsspec_kbs.format.batch_index import BatchIndex
-from fsspec_kbs.format.codecs import CODEC_BY_NAME
+from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES
 from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
@@ -428,7 +428,7 @@ class KbsBackup:
                     f"{h.first_offset}", ref.path, None if ref.size_bytes is None else ref.size_bytes - FOOTER_SIZE)
             out.append(replace(ref, first_offset=h.first_offset, last_offset=f.last_offset,
                                records=h.record_count, crc64=h.checksum,
-                               codec={0: "none", 1: "lz4", 2: "zstd"}[int(h.codec)]))
+                               codec=CODEC_NAMES[h.codec]))
         return out
 
     # -- batch indexes (kbs-format.md §7) ------------------------------------------------------

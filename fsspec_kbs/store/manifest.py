@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from fsspec_kbs.errors import InvalidNameError, ManifestError, UnsupportedVersionError
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.store import manifest_json
 from fsspec_kbs.store.names import check_backup_id, check_topic, parse_segment_name
 
@@ -62,7 +63,7 @@ class _TopicDoc(msgspec.Struct):
 
 
 class _CompressionDoc(msgspec.Struct):
-    algorithm: Literal["none", "lz4", "zstd"]
+    algorithm: Literal[tuple(CODEC_BY_NAME)]  # type: ignore[valid-type]  # the codec registry's names
     level: Any = None  # the writer's setting: nothing a reader does depends on it
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from fsspec_kbs.errors import InvalidNameError, ManifestError
+from fsspec_kbs.format.oso import OSO_CODEC_NAMES
 from fsspec_kbs.store import manifest_json
 from fsspec_kbs.store.names import TOPICS_DIR, check_topic
 
@@ -61,7 +62,7 @@ class OsoManifest(msgspec.Struct):
     backup_id: str
     created_at: I64
     topics: list[OsoTopicEntry]
-    compression: Literal["zstd", "lz4", "none"] | None = None
+    compression: Literal[tuple(OSO_CODEC_NAMES.values())] | None = None  # type: ignore[valid-type]
     source_cluster_id: str | None = None
     source_brokers: list[str] | None = None
     path: str = ""

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from fsspec_kbs.arrow.convert import batch_to_columns, columns_to_batch
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.writer import BackupWriter
@@ -154,7 +155,7 @@ def compact_backup(
     if compression is None:
         codecs = {r.codec for r in backup.segments()}
         compression = (kbs_manifest.compression.get("algorithm") if kbs_manifest is not None
-                       else codecs.pop() if len(codecs) == 1 and codecs <= {"none", "lz4", "zstd"} else "zstd")
+                       else codecs.pop() if len(codecs) == 1 and codecs <= set(CODEC_BY_NAME) else "zstd")
     report = CompactionReport(url, to_url, retention)
     writer = BackupWriter(to_url, to_storage_options, compression=compression, mode=mode,
                           source_cluster=kbs_manifest.source_cluster if kbs_manifest is not None else None,
