@@ -103,15 +103,21 @@ def _header_parts(cols: RecordColumns | ViewColumns, bufs: list[pa.Buffer]) -> t
 
 def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None,
                   bufs: list[pa.Buffer] | None = None) -> pa.Array:
-    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made."""
+    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made.
+
+    A record with no header gives a null list item (Spark's Kafka source does the same).
+    """
     keys, values, typ = _header_parts(cols, _data_buffers(cols) if bufs is None else bufs)
     try:
         keys.validate(full=True)
     except pa.ArrowInvalid as e:
         raise RecordFormatError(f"a header key is not valid UTF-8: {e}", path) from e
     struct = pa.StructArray.from_arrays([keys, values], fields=list(typ))
-    return pa.Array.from_buffers(pa.list_(typ), len(cols), [None, arrow_buffer(cols.header_offsets)],
-                                 children=[struct])
+    # A record without headers is a null list, as in Spark's Kafka source (not an empty one).
+    offsets = cols.header_offsets
+    validity, nulls = _validity(offsets[1:] != offsets[:-1])
+    return pa.Array.from_buffers(pa.list_(typ), len(cols), [validity, arrow_buffer(offsets)],
+                                 null_count=nulls, children=[struct])
 
 
 def _key_value(cols: RecordColumns | ViewColumns, name: str, views: bool, bufs: list[pa.Buffer]) -> pa.Array:
