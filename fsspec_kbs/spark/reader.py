@@ -307,14 +307,6 @@ def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
     ]
 
 
-def plan_partitions(backup: KbsBackup, sf: ScanFilter, min_partition_bytes: int,
-                    max_segments: int) -> list[KbsSegmentPartition]:
-    """Segments that may match ``sf`` (manifest only), packed into partitions (no options)."""
-    o = KbsOptions(path=backup.url, min_partition_bytes=min_partition_bytes, max_segments_per_partition=max_segments,
-                   fail_on_data_loss=False)
-    return plan(backup, o, sf)
-
-
 # -- reading (executors) -------------------------------------------------------------------------
 
 class KbsReader(DataSourceReader):
