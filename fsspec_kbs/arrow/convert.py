@@ -115,11 +115,17 @@ def check_header_keys(cols: RecordColumns | ViewColumns, path: str | None = None
 
 def headers_array(cols: RecordColumns | ViewColumns, path: str | None = None,
                   bufs: list[pa.Buffer] | None = None) -> pa.Array:
-    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made."""
+    """The ``headers`` column; ``bufs``: :func:`_data_buffers` of ``cols`` if already made.
+
+    A record with no header gives a null list item (Spark's Kafka source does the same).
+    """
     keys, values, typ = check_header_keys(cols, path, bufs)
     struct = pa.StructArray.from_arrays([keys, values], fields=list(typ))
-    return pa.Array.from_buffers(pa.list_(typ), len(cols), [None, arrow_buffer(cols.header_offsets)],
-                                 children=[struct])
+    # A record without headers is a null list, as in Spark's Kafka source (not an empty one).
+    offsets = cols.header_offsets
+    validity, nulls = _validity(offsets[1:] != offsets[:-1])
+    return pa.Array.from_buffers(pa.list_(typ), len(cols), [validity, arrow_buffer(offsets)],
+                                 null_count=nulls, children=[struct])
 
 
 def _key_value(cols: RecordColumns | ViewColumns, name: str, views: bool, bufs: list[pa.Buffer]) -> pa.Array:

@@ -15,7 +15,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fsspec_kbs.spark needs PySpark >= 4.1: pip install 'fsspec-kbs[spark]'") from e
 
 from fsspec_kbs.spark.options import KbsOptions, parse_options
-from fsspec_kbs.spark.reader import KbsPushdownReader, KbsReader, KbsSegmentPartition
+from fsspec_kbs.spark.reader import (
+    BackupChangedError,
+    KbsPushdownReader,
+    KbsReader,
+    KbsSegmentPartition,
+)
 from fsspec_kbs.spark.source import (
     PUSHDOWN_CONF,
     KbsDataSource,
@@ -26,6 +31,7 @@ from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter
 
 __all__ = [
     "PUSHDOWN_CONF",
+    "BackupChangedError",
     "KbsCommitMessage",
     "KbsDataSource",
     "KbsOptions",

@@ -1,7 +1,14 @@
-"""Spark's string options for the ``kbs`` data source, parsed once into a frozen :class:`KbsOptions`."""
+"""Spark's string options for the ``kbs`` data source, parsed once into a frozen :class:`KbsOptions`.
+
+The read options are those of Spark's Kafka source (``KafkaSourceProvider``) that make sense for
+a backup, plus kbs's own; the write options are kbs's. An unknown option, a read option on a
+write (or the reverse), two options that conflict, or a Kafka client option is an error naming
+it, never silently ignored.
+"""
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -90,6 +97,138 @@ def _offsets_json(name: str, text: str | None, *, ending: bool) -> tuple[str | N
     return None, out
 
 
+#: Options Spark itself puts in the map: ``.load(path)``/``.save(path)`` give ``path``,
+#: ``.load([a, b])`` gives ``paths`` (a JSON list). Checked in Spark 4.x with a probe source.
+SPARK_OPTIONS = ("path", "paths")
+
+#: Read options, Spark's Kafka source names first (lower case -> the documented spelling).
+READ_OPTIONS = {o.lower(): o for o in (
+    "subscribe", "subscribePattern", "assign",
+    "startingOffsets", "endingOffsets",
+    "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
+    "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestampStrategy",
+    "includeHeaders", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
+    # kbs's own
+    "topics", "topicPattern", "partitions", "verifyChecksums", "onCorrupt", "allowIncomplete",
+    "minPartitionBytes", "maxSegmentsPerPartition",
+)}
+#: Write options (Spark's Kafka sink has ``topic``; the rest are kbs's).
+WRITE_OPTIONS = {o.lower(): o for o in (
+    "topic", "compression", "level", "segmentMaxBytes", "segmentMaxRecords", "batchMaxBytes",
+)}
+#: Both ways: where the backup is and how to reach it.
+COMMON_OPTIONS = {o.lower(): o for o in ("storage_options",)}
+_STORAGE_PREFIX = "storage."
+
+#: Options of Spark's Kafka source or sink that have no meaning for a backup, with why.
+_NO_CONSUMER = ("there is no Kafka consumer: kbs reads a backup from storage, so consumer settings "
+                "have no meaning")
+_STREAM_ONLY = ("it limits each micro-batch of a streaming query; a batch read of a backup reads the "
+                "whole range (Spark's Kafka source ignores it in batch queries too); bound the read "
+                "with endingOffsets instead")
+REFUSED_OPTIONS = {
+    "groupidprefix": ("groupIdPrefix", _NO_CONSUMER),
+    "kafkaconsumer.polltimeoutms": ("kafkaConsumer.pollTimeoutMs", _NO_CONSUMER),
+    "fetchoffset.numretries": ("fetchOffset.numRetries", _NO_CONSUMER),
+    "fetchoffset.retryintervalms": ("fetchOffset.retryIntervalMs", _NO_CONSUMER),
+    "maxoffsetspertrigger": ("maxOffsetsPerTrigger", _STREAM_ONLY),
+    "minoffsetspertrigger": ("minOffsetsPerTrigger", _STREAM_ONLY),
+    "maxtriggerdelay": ("maxTriggerDelay", _STREAM_ONLY),
+}
+
+#: At most one of each group may be given (as ``validateGeneralOptions`` insists for the first).
+_EXCLUSIVE = (
+    ("subscribe", "subscribePattern", "assign", "topics", "topicPattern"),
+    ("assign", "partitions"),
+    ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp"),
+    ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp"),
+)
+
+
+def check_option_names(options: Mapping[str, str], mode: str) -> None:
+    """Refuse unknown options, options of the other direction, Kafka client options and
+    conflicting ones; ``mode`` is ``"read"`` or ``"write"``.
+
+    Raises
+    ------
+    ValueError
+        Naming the option (and the closest known one for a typo).
+    """
+    own, other = (READ_OPTIONS, WRITE_OPTIONS) if mode == "read" else (WRITE_OPTIONS, READ_OPTIONS)
+    known = {**own, **COMMON_OPTIONS}
+    for raw in options:
+        key = str(raw).lower()
+        if key in known or key in SPARK_OPTIONS or key == "storageoptions":
+            continue
+        if key.startswith(_STORAGE_PREFIX) and len(key) > len(_STORAGE_PREFIX):
+            continue
+        if key.startswith("kafka."):
+            where = "reads a backup from storage" if mode == "read" else "writes a backup to storage"
+            raise ValueError(
+                f"option {raw!r} is a Kafka client setting, and the kbs source {where}, not a Kafka "
+                "cluster, so it has no meaning here; to reach the storage pass its fsspec options as "
+                "storage.<name> or storage_options")
+        if key in REFUSED_OPTIONS:
+            name, why = REFUSED_OPTIONS[key]
+            raise ValueError(f"option {name!r} is not supported by the kbs source: {why}")
+        if key in other:
+            raise ValueError(f"option {other[key]!r} is a {'write' if mode == 'read' else 'read'} option; "
+                             f"it has no meaning for a kbs {mode}")
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {known[close[0]]!r}?" if close else ""
+        raise ValueError(f"unknown option {raw!r} for a kbs {mode}{hint} (the options are listed in docs/spark.md)")
+    if mode != "read":
+        return
+    given = {str(k).lower() for k, v in options.items() if v is not None and str(v).strip() != ""}
+    for group in _EXCLUSIVE:
+        both = [name for name in group if name.lower() in given]
+        if len(both) > 1:
+            raise ValueError(f"options {both[0]!r} and {both[1]!r} cannot be used together: only one of "
+                             f"{', '.join(group)} may be given")
+
+
+def _timestamps_json(name: str, text: str | None) -> dict[str, dict[str, int]]:
+    """``{"topic": {"0": 1700000000000}}`` (Unix ms per partition) as in the Kafka source."""
+    if text is None or text.strip() == "":
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"option {name!r} must be JSON like {{\"topic\": {{\"0\": 1700000000000}}}}, "
+                         f"got {text!r}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"option {name!r} must be a JSON object of topics, got {text!r}")
+    out: dict[str, dict[str, int]] = {}
+    for topic, parts in doc.items():
+        if not isinstance(parts, dict):
+            raise ValueError(f"option {name!r}: topic {topic!r} must map partitions to timestamps")
+        for part, ts in parts.items():
+            if not re.fullmatch(r"0|[1-9]\d*", str(part)) or isinstance(ts, bool) or not isinstance(ts, int):
+                raise ValueError(f"option {name!r}: bad entry {part!r}: {ts!r} for topic {topic!r} "
+                                 "(a partition number and Unix ms)")
+            out.setdefault(str(topic), {})[str(int(part))] = ts
+    return out
+
+
+def _assign_json(text: str) -> tuple[tuple[str, int], ...]:
+    """``{"topicA": [0, 1], "topicB": [2]}`` as in the Kafka source's ``assign``."""
+    if not text.strip().startswith("{"):
+        raise ValueError(f"option 'assign' must be JSON like {{\"topicA\": [0, 1]}}, got {text!r}")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"option 'assign' must be JSON like {{\"topicA\": [0, 1]}}, got {text!r}") from e
+    pairs: list[tuple[str, int]] = []
+    for topic, parts in doc.items():
+        if not isinstance(parts, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                                                  for p in parts):
+            raise ValueError(f"option 'assign': topic {topic!r} must map to a list of partition numbers")
+        pairs.extend((str(topic), int(p)) for p in parts)
+    if not pairs:
+        raise ValueError(f"option 'assign' names no partition: {text!r}")
+    return tuple(sorted(set(pairs)))
+
+
 @dataclass(frozen=True)
 class KbsOptions:
     """All options of a ``kbs`` read or write, parsed and checked.
@@ -104,10 +243,21 @@ class KbsOptions:
     topics: tuple[str, ...] | None = None
     topic_pattern: str | None = None
     partitions: tuple[int, ...] | None = None
+    #: ``assign``: the (topic, partition) pairs to read.
+    assign: tuple[tuple[str, int], ...] | None = None
     starting_offsets: dict = field(default_factory=dict)  # {"topic": {"0": 23}}
     ending_offsets: dict = field(default_factory=dict)
+    #: ``startingOffsetsByTimestamp``/``endingOffsetsByTimestamp``: {"topic": {"0": ms}}.
+    starting_offsets_by_timestamp: dict = field(default_factory=dict)
+    ending_offsets_by_timestamp: dict = field(default_factory=dict)
+    #: ``startingTimestamp``/``endingTimestamp``: the same lookup for every partition read.
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
+    #: No offset at or after a starting timestamp: ``error`` (the Kafka default) or ``latest``.
+    by_timestamp_strategy: str = "error"
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
     verify_checksums: bool = True
     on_corrupt: str = "fail"
     include_headers: bool = True
@@ -122,8 +272,20 @@ class KbsOptions:
     segment_max_records: int | None = None
     batch_max_bytes: int = 1024 * 1024
 
+    @property
+    def time_lookups(self) -> bool:
+        """Whether planning must find offsets by timestamp in the data."""
+        return bool(self.starting_offsets_by_timestamp or self.ending_offsets_by_timestamp
+                    or self.starting_timestamp is not None or self.ending_timestamp is not None)
+
+    def wants(self, topic: str, partition: int) -> bool:
+        """The ``assign`` choice (the other selections are in :meth:`scan_filter`)."""
+        return self.assign is None or (topic, partition) in self.assign
+
     def scan_filter(self) -> ScanFilter:
-        """The record bounds the options ask for (topics, partitions, offsets, times)."""
+        """The record bounds the options give without looking at the data: topics,
+        partitions, ``assign`` (narrowed to its topics and partitions; :meth:`wants` is exact)
+        and the offset JSONs. Timestamp options are offsets found at planning."""
         ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         for topic, parts in self.starting_offsets.items():
             for part, off in parts.items():
@@ -134,34 +296,48 @@ class KbsOptions:
                 e = None if off == LATEST else off
                 s, _ = ranges.get((topic, int(part)), (None, None))
                 ranges[(topic, int(part))] = (s, e)
-        sf = ScanFilter.make(
-            topics=None if self.topics is None else list(self.topics),
-            partitions=None if self.partitions is None else list(self.partitions),
-            start_time=self.starting_timestamp,
-            end_time=self.ending_timestamp,
-            topic_pattern=self.topic_pattern,
-        )
+        topics = None if self.topics is None else list(self.topics)
+        partitions = None if self.partitions is None else list(self.partitions)
+        if self.assign is not None:
+            topics = sorted({t for t, _ in self.assign})
+            partitions = sorted({p for _, p in self.assign})
+        sf = ScanFilter.make(topics=topics, partitions=partitions, topic_pattern=self.topic_pattern)
         return sf.and_(ScanFilter(offset_ranges=ranges)) if ranges else sf
 
 
-def parse_options(options: Mapping[str, str]) -> KbsOptions:
+def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
     """Read Spark's (case-insensitive, string) options into :class:`KbsOptions`.
 
     Parameters
     ----------
     options : mapping of str to str
         What ``spark.read.format("kbs").option(...)`` passed; ``.load(path)`` arrives as ``path``.
+    mode : {"read", "write"}, default "read"
+        Which option set is allowed (see :func:`check_option_names`).
 
     Raises
     ------
     ValueError
-        For a missing path, an unknown ``onCorrupt`` or a malformed value; the message names
-        the option (never the value of a storage option).
+        For a missing path, an unknown or conflicting option, or a malformed value; the
+        message names the option (never the value of a storage option).
     """
+    if mode not in ("read", "write"):
+        raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
+    check_option_names(options, mode)
     opts = {str(k).lower(): v for k, v in options.items()}
     path = opts.get("path")
+    if not path and opts.get("paths"):
+        try:
+            paths = json.loads(opts["paths"])
+        except ValueError:
+            paths = None
+        if not isinstance(paths, list) or len(paths) != 1:
+            raise ValueError("the kbs source reads one backup at a time: .load('<url of the backup directory>'); "
+                             "union the DataFrames of several backups instead")
+        path = str(paths[0])
     if not path:
-        raise ValueError("the kbs data source needs a path: .load('<url of the backup directory>')")
+        raise ValueError(f"the kbs data source needs a path: .{'load' if mode == 'read' else 'save'}"
+                         "('<url of the backup directory>')")
     storage: dict[str, Any] = {}
     raw_so = opts.get("storage_options") or opts.get("storageoptions")
     if raw_so:
@@ -173,15 +349,21 @@ def parse_options(options: Mapping[str, str]) -> KbsOptions:
         if not isinstance(storage, dict):
             raise ValueError("option 'storage_options' must be a JSON object (its value is not shown)")
     for key, value in opts.items():
-        if key.startswith("storage.") and len(key) > len("storage."):
-            storage[key[len("storage."):]] = _storage_value(value)
+        if key.startswith(_STORAGE_PREFIX) and len(key) > len(_STORAGE_PREFIX):
+            storage[key[len(_STORAGE_PREFIX):]] = _storage_value(value)
+    if mode == "write":
+        return _write_options(opts, path, storage)
 
     topics = None
     topic_pattern = opts.get("topicpattern") or opts.get("subscribepattern")
-    raw_topics = opts.get("topics") or opts.get("subscribe")
-    if raw_topics:
-        topics = tuple(t.strip() for t in raw_topics.split(",") if t.strip())
-    if topic_pattern:
+    for key, name in (("topics", "topics"), ("subscribe", "subscribe")):
+        if opts.get(key) is not None:
+            topics = tuple(t.strip() for t in opts[key].split(",") if t.strip())
+            if not topics:
+                raise ValueError(f"option {name!r} names no topic: {opts[key]!r}")
+    if topic_pattern is not None:
+        if not topic_pattern.strip():
+            raise ValueError("option 'subscribePattern' (topicPattern) is empty")
         try:
             re.compile(topic_pattern)
         except re.error as e:
@@ -193,10 +375,24 @@ def parse_options(options: Mapping[str, str]) -> KbsOptions:
             partitions = tuple(int(p) for p in raw_parts.split(",") if p.strip())
         except ValueError as e:
             raise ValueError(f"option 'partitions' must be a comma-separated list of ints, got {raw_parts!r}") from e
+    assign = _assign_json(opts["assign"]) if opts.get("assign") is not None else None
 
     start_word, starting = _offsets_json("startingOffsets", opts.get("startingoffsets"), ending=False)
     end_word, ending = _offsets_json("endingOffsets", opts.get("endingoffsets"), ending=True)
     del start_word, end_word  # "earliest"/"latest" are the defaults: no bound
+    for topic, parts in starting.items():  # as the Kafka source's checkOffsetLimitValidity
+        for part, s in parts.items():
+            e = ending.get(topic, {}).get(part)
+            if e is not None and s >= 0 and e >= 0 and s > e:
+                raise ValueError(f"startingOffsets {s} of {topic}/{part} is above its endingOffsets {e}")
+    starting_ts = _timestamps_json("startingOffsetsByTimestamp", opts.get("startingoffsetsbytimestamp"))
+    ending_ts = _timestamps_json("endingOffsetsByTimestamp", opts.get("endingoffsetsbytimestamp"))
+    for topic, parts in starting_ts.items():
+        for part, s in parts.items():
+            e = ending_ts.get(topic, {}).get(part)
+            if e is not None and s > e:
+                raise ValueError(f"startingOffsetsByTimestamp {s} of {topic}/{part} is above its "
+                                 f"endingOffsetsByTimestamp {e}")
 
     def _time(name: str) -> int | None:
         raw = opts.get(name.lower())
@@ -207,12 +403,15 @@ def parse_options(options: Mapping[str, str]) -> KbsOptions:
         except ValueError as e:
             raise ValueError(f"option {name!r}: {e}") from e
 
+    starting_timestamp, ending_timestamp = _time("startingTimestamp"), _time("endingTimestamp")
+    if starting_timestamp is not None and ending_timestamp is not None and starting_timestamp > ending_timestamp:
+        raise ValueError(f"startingTimestamp {starting_timestamp} is above endingTimestamp {ending_timestamp}")
+    strategy = (opts.get("startingoffsetsbytimestampstrategy") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise ValueError(f"option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', got {strategy!r}")
     on_corrupt = (opts.get("oncorrupt") or "fail").strip().lower()
     if on_corrupt not in ("fail", "skip"):
         raise ValueError(f"option 'onCorrupt' must be 'fail' or 'skip', got {on_corrupt!r}")
-    compression = (opts.get("compression") or "").strip().lower() or None
-    if compression not in (None, "zstd", "lz4", "none"):
-        raise ValueError(f"option 'compression' must be zstd, lz4 or none, got {compression!r}")
 
     return KbsOptions(
         path=path,
@@ -220,17 +419,34 @@ def parse_options(options: Mapping[str, str]) -> KbsOptions:
         topics=topics,
         topic_pattern=topic_pattern or None,
         partitions=partitions,
+        assign=assign,
         starting_offsets=starting,
         ending_offsets=ending,
-        starting_timestamp=_time("startingTimestamp"),
-        ending_timestamp=_time("endingTimestamp"),
+        starting_offsets_by_timestamp=starting_ts,
+        ending_offsets_by_timestamp=ending_ts,
+        starting_timestamp=starting_timestamp,
+        ending_timestamp=ending_timestamp,
+        by_timestamp_strategy=strategy,
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss"), True),
+        min_partitions=_int("minPartitions", opts.get("minpartitions"), None, 1),
+        max_records_per_partition=_int("maxRecordsPerPartition", opts.get("maxrecordsperpartition"), None, 1),
         verify_checksums=_bool("verifyChecksums", opts.get("verifychecksums"), True),
         on_corrupt=on_corrupt,
         include_headers=_bool("includeHeaders", opts.get("includeheaders"), True),
         allow_incomplete=_bool("allowIncomplete", opts.get("allowincomplete"), False),
         min_partition_bytes=_int("minPartitionBytes", opts.get("minpartitionbytes"), 8 * 1024 * 1024, 0),
         max_segments_per_partition=_int("maxSegmentsPerPartition", opts.get("maxsegmentsperpartition"), 64, 1),
-        topic=(opts.get("topic") or None),
+    )
+
+
+def _write_options(opts: dict[str, str], path: str, storage: dict[str, Any]) -> KbsOptions:
+    compression = (opts.get("compression") or "").strip().lower() or None
+    if compression not in (None, "zstd", "lz4", "none"):
+        raise ValueError(f"option 'compression' must be zstd, lz4 or none, got {compression!r}")
+    return KbsOptions(
+        path=path,
+        storage_options=storage,
+        topic=(opts.get("topic") or "").strip() or None,
         compression=compression,
         level=_int("level", opts.get("level"), None),
         segment_max_bytes=_int("segmentMaxBytes", opts.get("segmentmaxbytes"), 64 * 1024 * 1024, 1),

@@ -1,13 +1,24 @@
-"""Batch reader of the ``kbs`` data source: plan segments on the driver, decode them on executors."""
+"""Batch reader of the ``kbs`` data source: plan on the driver, decode on executors.
+
+The driver reads ``manifest.json`` once (:meth:`KbsReader.partitions`); each input partition
+then carries everything its task needs as plain data (segment paths, sizes, CRCs, offsets,
+timestamps, index CRC, codec, layout, OSO size limits) and the CRC-32 of the manifest it was
+planned from. Executors build the backup object from the URL and those refs and never read
+the manifest; a segment that no longer matches its ref fails as :class:`BackupChangedError`.
+"""
 
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
+import math
 import warnings
+import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
@@ -15,11 +26,19 @@ from fsspec_kbs.arrow import COLUMNS, columns_to_batch
 from fsspec_kbs.arrow.convert import bool_mask
 from fsspec_kbs.arrow.schema import HEADER_TYPE, project
 from fsspec_kbs.dataset import KbsDataset
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import (
+    BackupNotFoundError,
+    KbsError,
+    SegmentMismatchError,
+    TruncatedSegmentError,
+)
 from fsspec_kbs.filters import ScanFilter
 from fsspec_kbs.spark.filters import scan_filter_from_dict, scan_filter_to_dict, translate
 from fsspec_kbs.spark.options import KbsOptions
-from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store import KbsBackup, SegmentRef
+from fsspec_kbs.store.backup import read_manifest_bytes, resolve
+from fsspec_kbs.store.open import _layout
+from fsspec_kbs.store.oso_backup import OsoBackup
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -32,55 +51,269 @@ class KbsCorruptSegmentWarning(UserWarning):
     """A corrupt segment was skipped because the read used ``onCorrupt=skip``."""
 
 
+class BackupChangedError(SegmentMismatchError):
+    """A segment no longer matches the manifest the read was planned from: the backup was
+    rewritten (or deleted) while the job ran. Never skipped by ``onCorrupt=skip``."""
+
+
+#: What a segment replaced or removed after planning raises (size, CRC-64, counts, missing).
+_MAYBE_CHANGED = (SegmentMismatchError, TruncatedSegmentError, BackupNotFoundError)
+
+
 @dataclass
 class KbsSegmentPartition(InputPartition):
-    """One Spark input partition: one segment, or several small ones read in a row.
+    """One Spark input partition: a segment, part of one, or several small ones in a row.
 
-    Holds only plain data: each entry of ``segments`` is a :class:`SegmentRef` as a dict
-    (the path on the backup's filesystem, offsets, sizes, checksum) plus the offset bounds
-    ``start`` (inclusive) and ``end`` (exclusive, None = open) of its partition.
+    Holds only plain data: each entry of ``segments`` is ``{"ref": <SegmentRef fields>,
+    "start": first offset (inclusive), "end": end offset (exclusive, None = open),
+    "limit": OSO decompressed-size bound or None}``; ``start_time``/``end_time`` are row
+    bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
     """
 
     index: int
     segments: list[dict] = field(default_factory=list)
     start_time: int | None = None
     end_time: int | None = None
+    layout: str = "kbs"
+    manifest_crc32: int | None = None
 
     @property
     def num_bytes(self) -> int:
         return sum(s["ref"].get("size_bytes") or 0 for s in self.segments)
 
 
-def plan_partitions(backup: KbsBackup, sf: ScanFilter, min_partition_bytes: int,
-                    max_segments: int) -> list[KbsSegmentPartition]:
-    """Segments that may match ``sf`` (manifest only), packed into partitions.
+# -- planning (driver) ---------------------------------------------------------------------------
 
-    Consecutive segments are grouped until a group reaches ``min_partition_bytes`` or holds
-    ``max_segments``; a segment of unknown size gets a partition of its own.
+def open_for_planning(o: KbsOptions) -> tuple[KbsBackup, int | None]:
+    """The backup and the CRC-32 of the ``manifest.json`` bytes it was parsed from (None: none)."""
+    fs, path = resolve(o.path, o.storage_options)
+    raw = read_manifest_bytes(fs, path)
+    crc = None if raw is None else zlib.crc32(raw)
+    if raw is not None:
+        # Parsed once as KBS (the layout check would parse a big manifest a second time);
+        # only a manifest KBS refuses is looked at for the OSO layout.
+        try:
+            return KbsBackup.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
+        except KbsError:
+            if _layout(fs, path, raw) != "oso":
+                raise
+    cls = OsoBackup if _layout(fs, path, raw) == "oso" else KbsBackup
+    return cls.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
+
+
+def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: bool = True) -> int | None:
+    """The first offset (in offset order) of a record with ``timestamp >= ts`` among one
+    partition's ``refs``, or None: what Kafka's ``offsetsForTimes`` answers.
+
+    Segments whose batch index confirms a max timestamp below ``ts`` are not opened; in the
+    others only the batches that may match are read where the index allows.
     """
-    refs = KbsDataset(backup, sf).fragments()
-    if sf.start_time is not None and sf.end_time is not None and sf.start_time >= sf.end_time:
-        refs = []
-    out: list[KbsSegmentPartition] = []
-    group: list[dict] = []
-    size = 0
-    for ref in refs:
-        s, e = sf.bounds(ref.topic, ref.partition)
-        group.append({"ref": asdict(ref), "start": s, "end": e})
-        size += ref.size_bytes if ref.size_bytes is not None else min_partition_bytes
-        if size >= min_partition_bytes or len(group) >= max_segments:
-            out.append(KbsSegmentPartition(len(out), group, sf.start_time, sf.end_time))
-            group, size = [], 0
+    for ref in backup.check_time_bounds(refs):
+        if ref.time_checked and ref.max_timestamp is not None and ref.max_timestamp < ts:
+            continue
+        for cols in backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None)):
+            hit = np.flatnonzero(cols.timestamps >= ts)
+            if len(hit):
+                return int(cols.offsets[hit[0]])
+    return None
+
+
+@dataclass
+class _Piece:
+    """A segment, or an offset range of one, to read in a task."""
+
+    ref: SegmentRef
+    start: int | None
+    end: int | None
+
+    def span(self) -> int | None:
+        """Offsets the piece covers (None: unknown)."""
+        r = self.ref
+        if r.first_offset is None or r.last_offset is None:
+            return None
+        lo = r.first_offset if self.start is None else max(self.start, r.first_offset)
+        hi = r.last_offset + 1 if self.end is None else min(self.end, r.last_offset + 1)
+        return max(0, hi - lo)
+
+    def weight(self) -> float:
+        """Stored bytes the piece stands for (its share of the segment), else its span."""
+        span, r = self.span(), self.ref
+        if span is not None and r.size_bytes is not None and r.last_offset is not None \
+                and r.first_offset is not None:
+            return r.size_bytes * span / max(1, r.last_offset - r.first_offset + 1)
+        return float(r.size_bytes if r.size_bytes is not None else (span or 1))
+
+    def split(self, parts: int) -> list[_Piece]:
+        r = self.ref
+        span = self.span()
+        if parts <= 1 or span is None or span < 2:
+            return [self]
+        assert r.first_offset is not None
+        lo = r.first_offset if self.start is None else max(self.start, r.first_offset)
+        bounds = [lo + (span * i) // parts for i in range(parts + 1)]
+        out = [_Piece(r, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+        # The last piece keeps an open end: nothing past the segment is lost if it holds more.
+        return [*out[:-1], _Piece(r, out[-1].start, self.end)] if out else [self]
+
+
+def _pack(pieces: list[_Piece], min_bytes: int, max_segments: int, max_records: int | None) -> list[list[_Piece]]:
+    """Consecutive pieces grouped until a group reaches ``min_bytes`` or holds ``max_segments``
+    (or would pass ``max_records`` offsets); a piece of unknown size gets a group of its own."""
+    out: list[list[_Piece]] = []
+    group: list[_Piece] = []
+    size = records = 0
+    for p in pieces:
+        span = p.span() or 0
+        if group and max_records is not None and records + span > max_records:
+            out.append(group)
+            group, size, records = [], 0, 0
+        group.append(p)
+        records += span
+        size += int(p.weight()) if p.ref.size_bytes is not None else min_bytes
+        if size >= min_bytes or len(group) >= max_segments:
+            out.append(group)
+            group, size, records = [], 0, 0
     if group:
-        out.append(KbsSegmentPartition(len(out), group, sf.start_time, sf.end_time))
+        out.append(group)
     return out
 
+
+def _split_to(pieces: list[_Piece], n: int) -> list[list[_Piece]]:
+    """At least ``n`` groups where the offsets allow: each piece alone, the heaviest split
+    into offset ranges (as Kafka's ``KafkaOffsetRangeCalculator`` splits big ranges)."""
+    parts = [1] * len(pieces)
+    caps = [p.span() or 1 for p in pieces]
+    heap = [(-p.weight(), i) for i, p in enumerate(pieces) if caps[i] > 1]
+    heapq.heapify(heap)
+    extra = n - len(pieces)
+    while extra > 0 and heap:
+        _, i = heapq.heappop(heap)
+        parts[i] += 1
+        extra -= 1
+        if parts[i] < caps[i]:
+            heapq.heappush(heap, (-pieces[i].weight() / parts[i], i))
+    return [[q] for p, k in zip(pieces, parts, strict=True) for q in p.split(k)]
+
+
+def group_pieces(pieces: list[_Piece], o: KbsOptions) -> list[list[_Piece]]:
+    """Pieces into input partitions: packed by size, then ``maxRecordsPerPartition`` and
+    ``minPartitions`` applied as the Kafka source does."""
+    if o.max_records_per_partition is not None:
+        pieces = [q for p in pieces
+                  for q in p.split(math.ceil((p.span() or 0) / o.max_records_per_partition))]
+    groups = _pack(pieces, o.min_partition_bytes, o.max_segments_per_partition, o.max_records_per_partition)
+    n = o.min_partitions
+    if n is None or len(groups) >= n:
+        return groups
+    if len(pieces) >= n:
+        return [[p] for p in pieces]
+    return _split_to(pieces, n)
+
+
+def _missing(what: str, name: str, url: str) -> BackupNotFoundError:
+    return BackupNotFoundError(
+        f"{what} (option {name!r}) is not in the backup at {url}; set failOnDataLoss=false "
+        "to read what the backup has instead")
+
+
+def _check_requested(o: KbsOptions, extents: dict[tuple[str, int], tuple[int | None, int | None]]) -> None:
+    """``failOnDataLoss``: every partition the options name is in the backup."""
+    topics = {t for t, _ in extents}
+    for t in o.topics or ():
+        if t not in topics:
+            raise _missing(f"topic {t!r}", "subscribe", o.path)
+    for t, p in o.assign or ():
+        if (t, p) not in extents:
+            raise _missing(f"partition {t}/{p}", "assign", o.path)
+    for name, doc in (("startingOffsets", o.starting_offsets), ("endingOffsets", o.ending_offsets),
+                      ("startingOffsetsByTimestamp", o.starting_offsets_by_timestamp),
+                      ("endingOffsetsByTimestamp", o.ending_offsets_by_timestamp)):
+        for t, parts in doc.items():
+            for p in parts:
+                if (t, int(p)) not in extents:
+                    raise _missing(f"partition {t}/{p}", name, o.path)
+
+
+def _check_offsets(o: KbsOptions, extents: dict[tuple[str, int], tuple[int | None, int | None]]) -> None:
+    """``failOnDataLoss``: offsets asked for by ``startingOffsets``/``endingOffsets`` are in
+    the backup (from its earliest offset to one past its latest)."""
+    for name, doc in (("startingOffsets", o.starting_offsets), ("endingOffsets", o.ending_offsets)):
+        for t, parts in doc.items():
+            for p, off in parts.items():
+                lo, hi = extents.get((t, int(p)), (None, None))
+                if off < 0 or lo is None or hi is None:
+                    continue
+                if off < lo or off > hi:
+                    raise BackupNotFoundError(
+                        f"option {name!r} asks for offset {off} of {t}/{p}, but the backup at {o.path} "
+                        f"holds offsets {lo} to {hi - 1} of it: offsets "
+                        f"{f'{off} to {lo - 1}' if off < lo else f'{hi} to {off - 1}'} are not in the "
+                        "backup; set failOnDataLoss=false to read what it has")
+
+
+def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
+         manifest_crc32: int | None = None) -> list[KbsSegmentPartition]:
+    """The input partitions of a read: the segments that may match (manifest only), offsets
+    found for the timestamp options, grouped as the options say."""
+    sf = o.scan_filter().and_(pushed)
+    if sf.start_time is not None and sf.end_time is not None and sf.start_time >= sf.end_time:
+        return []
+    by_part: dict[tuple[str, int], list[SegmentRef]] = {}
+    for ref in backup.segments():
+        by_part.setdefault((ref.topic, ref.partition), []).append(ref)
+    extents: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+    for key, refs in by_part.items():
+        firsts = [r.first_offset for r in refs]
+        lasts = [r.last_offset for r in refs]
+        extents[key] = (None if None in firsts else min(firsts),  # type: ignore[type-var]
+                        None if None in lasts else max(lasts) + 1)  # type: ignore[type-var, operator]
+    if o.fail_on_data_loss:
+        _check_requested(o, extents)
+        _check_offsets(o, extents)
+    if o.time_lookups:
+        ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        for (t, p), refs in sorted(by_part.items()):
+            if not (sf.wants_partition(t, p) and o.wants(t, p)):
+                continue
+            start_ts = (o.starting_offsets_by_timestamp.get(t, {}).get(str(p))
+                        if o.starting_offsets_by_timestamp else o.starting_timestamp)
+            end_ts = (o.ending_offsets_by_timestamp.get(t, {}).get(str(p))
+                      if o.ending_offsets_by_timestamp else o.ending_timestamp)
+            start = end = None
+            if start_ts is not None:
+                start = first_offset_at(backup, refs, start_ts, o.verify_checksums)
+                if start is None:
+                    if o.by_timestamp_strategy == "error":
+                        raise ValueError(
+                            f"no record of {t}/{p} has a timestamp at or after {start_ts} (the starting "
+                            "timestamp), so there is no offset to start from; set "
+                            "startingOffsetsByTimestampStrategy=latest to read nothing from it instead")
+                    start = extents[(t, p)][1]  # latest: nothing of this partition
+            if end_ts is not None:
+                end = first_offset_at(backup, refs, end_ts, o.verify_checksums)  # None: latest
+            if start is not None or end is not None:
+                ranges[(t, p)] = (start, end)
+        sf = sf.and_(ScanFilter(offset_ranges=ranges))
+    pieces = [_Piece(ref, *sf.bounds(ref.topic, ref.partition))
+              for ref in KbsDataset(backup, sf).fragments() if o.wants(ref.topic, ref.partition)]
+    oso = isinstance(backup, OsoBackup)
+    return [
+        KbsSegmentPartition(
+            i,
+            [{"ref": dict(p.ref.__dict__), "start": p.start, "end": p.end,
+              "limit": backup.max_uncompressed(p.ref) if oso else None} for p in group],  # type: ignore[attr-defined]
+            sf.start_time, sf.end_time, backup.layout, manifest_crc32)
+        for i, group in enumerate(group_pieces(pieces, o))
+    ]
+
+
+# -- reading (executors) -------------------------------------------------------------------------
 
 class KbsReader(DataSourceReader):
     """Reads a backup as DataFrame rows with the schema of Spark's Kafka source.
 
     Picklable: holds the parsed options, the output column names and the pushed bounds as a
-    plain dict, never a filesystem object.
+    plain dict, never a filesystem object; nothing in it grows with the backup.
     """
 
     def __init__(self, options: KbsOptions, columns: list[str]) -> None:
@@ -95,9 +328,8 @@ class KbsReader(DataSourceReader):
         return self.options.scan_filter().and_(scan_filter_from_dict(self.pushed))
 
     def partitions(self) -> list[KbsSegmentPartition]:
-        o = self.options
-        backup = open_backup(o.path, o.storage_options, allow_incomplete=o.allow_incomplete)
-        parts = plan_partitions(backup, self.scan_filter(), o.min_partition_bytes, o.max_segments_per_partition)
+        backup, crc = open_for_planning(self.options)
+        parts = plan(backup, self.options, scan_filter_from_dict(self.pushed), crc)
         # An empty list would make Spark call read(None); an empty partition is clearer.
         return parts or [KbsSegmentPartition(0, [])]
 
@@ -106,28 +338,70 @@ class KbsReader(DataSourceReader):
             return iter(())
         return self._read(partition)  # type: ignore[arg-type]
 
+    def executor_backup(self, partition: KbsSegmentPartition) -> KbsBackup:
+        """The backup object a task reads through, built from the URL and the partition's
+        layout: no manifest is read (the refs carry what the checks need)."""
+        o = self.options
+        fs, path = resolve(o.path, o.storage_options)
+        cls = OsoBackup if partition.layout == "oso" else KbsBackup
+        backup = cls(fs, path, None, o.path, o.storage_options, o.allow_incomplete)
+        if isinstance(backup, OsoBackup):
+            backup._limits.update({s["ref"]["path"]: s["limit"] for s in partition.segments
+                                   if s.get("limit") is not None})
+        return backup
+
     def _read(self, partition: KbsSegmentPartition) -> Iterator[pa.RecordBatch]:
         o = self.options
-        # Opened here, on the executor, from the URL: nothing unpicklable crosses the wire.
-        backup = open_backup(o.path, o.storage_options, allow_incomplete=o.allow_incomplete)
+        backup = self.executor_backup(partition)
         for seg in partition.segments:
             ref = SegmentRef(**seg["ref"])
             sf = ScanFilter(start_offset=seg["start"], end_offset=seg["end"],
                             start_time=partition.start_time, end_time=partition.end_time)
-            if o.on_corrupt == "fail":
-                yield from self._segment(backup, ref, sf)
-                continue
-            # Skipping must drop the whole segment, so decode it fully before yielding any of it.
             try:
+                if o.on_corrupt == "fail":
+                    yield from self._segment(backup, ref, sf)
+                    continue
+                # Skipping must drop the whole segment, so decode it fully before yielding any of it.
                 batches = list(self._segment(backup, ref, sf))
             except KbsError as e:
-                SKIPPED_SEGMENTS[ref.path] = f"{type(e).__name__}: {e}"
-                msg = (f"kbs: skipped corrupt segment {ref.path} ({type(e).__name__}: {e}); "
-                       f"{len(SKIPPED_SEGMENTS)} segment(s) skipped in this process")
-                log.warning(msg)
-                warnings.warn(msg, KbsCorruptSegmentWarning, stacklevel=2)
+                changed = self._changed(backup, partition, ref, e) if isinstance(e, _MAYBE_CHANGED) else None
+                if changed is not None:
+                    raise changed from e
+                if o.on_corrupt == "fail":
+                    raise
+                self._skipped(ref, e)
                 continue
             yield from batches
+
+    @staticmethod
+    def _skipped(ref: SegmentRef, e: KbsError) -> None:
+        SKIPPED_SEGMENTS[ref.path] = f"{type(e).__name__}: {e}"
+        msg = (f"kbs: skipped corrupt segment {ref.path} ({type(e).__name__}: {e}); "
+               f"{len(SKIPPED_SEGMENTS)} segment(s) skipped in this process")
+        log.warning(msg)
+        warnings.warn(msg, KbsCorruptSegmentWarning, stacklevel=3)
+
+    @staticmethod
+    def _changed(backup: KbsBackup, partition: KbsSegmentPartition, ref: SegmentRef,
+                 err: KbsError) -> BackupChangedError | None:
+        """A :class:`BackupChangedError` when the manifest is no longer the one the read was
+        planned from (read only now, to tell a rewritten backup from a damaged segment)."""
+        if isinstance(err, BackupChangedError):
+            return err
+        try:
+            raw = read_manifest_bytes(backup.fs, backup.path)
+        except Exception:  # noqa: BLE001 - the original error says more
+            return None
+        now = None if raw is None else zlib.crc32(raw)
+        pinned = partition.manifest_crc32
+        if now == pinned:
+            return None  # the same manifest: the segment itself is damaged
+        then = "none" if pinned is None else f"CRC-32 {pinned:08x}"
+        return BackupChangedError(
+            f"the backup changed while reading: this segment no longer matches the manifest the read "
+            f"was planned from (manifest.json {then} at planning, "
+            f"{'deleted' if now is None else f'CRC-32 {now:08x}'} now); run the read again "
+            f"({type(err).__name__}: {err})", ref.path)
 
     def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
         target = spark_arrow_schema(tuple(self.columns))

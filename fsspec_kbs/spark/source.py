@@ -42,20 +42,21 @@ class KbsDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Fixed: never reads the backup.
-        return spark_schema(parse_options({"path": "-", **self.options}).include_headers)
+        # Parsing here checks the options when the DataFrame is defined, as the Kafka source does.
+        return spark_schema(parse_options({"path": "-", **self.options}, "read").include_headers)
 
     def reader(self, schema: StructType) -> KbsReader:
-        return KbsReader(parse_options(self.options), schema.fieldNames())
+        return KbsReader(parse_options(self.options, "read"), schema.fieldNames())
 
     def writer(self, schema: StructType, overwrite: bool) -> KbsWriter:
         if "value" not in schema.fieldNames():
             raise ValueError("writing to kbs needs a 'value' column (binary or string), "
                              "like Spark's Kafka sink")
-        return KbsWriter(parse_options(self.options), overwrite)
+        return KbsWriter(parse_options(self.options, "write"), overwrite)
 
 
 class KbsPushdownDataSource(KbsDataSource):
     """:class:`KbsDataSource` whose reader prunes segments by Spark's pushed filters (PySpark >= 4.1)."""
 
     def reader(self, schema: StructType) -> KbsPushdownReader:
-        return KbsPushdownReader(parse_options(self.options), schema.fieldNames())
+        return KbsPushdownReader(parse_options(self.options, "read"), schema.fieldNames())

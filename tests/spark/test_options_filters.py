@@ -66,21 +66,33 @@ def test_parse_options() -> None:
         "path": "s3://b/backups/backup-1", "topics": "orders, payments", "partitions": "0,2",
         "startingOffsets": json.dumps({"orders": {"0": 23, "1": -2}}),
         "endingOffsets": json.dumps({"orders": {"0": 50, "1": -1}}),
-        "startingTimestamp": "1000", "endingTimestamp": "2026-01-01T00:00:00Z",
         "storage.endpoint_url": "http://127.0.0.1:9", "storage.anon": "false",
         "storage_options": json.dumps({"key": "AKIA", "secret": "s3cr3t"}),
-        "verifyChecksums": "false", "onCorrupt": "skip",
+        "verifyChecksums": "false", "onCorrupt": "skip", "failOnDataLoss": "false", "minPartitions": "7",
     })
     assert o.topics == ("orders", "payments") and o.partitions == (0, 2)
     assert o.storage_options == {"key": "AKIA", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9",
                                  "anon": False}
-    assert o.starting_timestamp == 1000 and o.ending_timestamp == 1767225600000
-    assert not o.verify_checksums and o.on_corrupt == "skip"
+    assert not o.verify_checksums and o.on_corrupt == "skip" and not o.fail_on_data_loss and o.min_partitions == 7
     assert "s3cr3t" not in repr(o) and "AKIA" not in repr(o)
     sf = o.scan_filter()
     assert sf.bounds("orders", 0) == (23, 50)
     assert sf.bounds("orders", 1) == (None, None)
-    assert sf.topics == frozenset({"orders", "payments"}) and sf.start_time == 1000
+    assert sf.topics == frozenset({"orders", "payments"})
+    t = parse_options({"path": "x", "subscribe": "orders", "startingTimestamp": "1000",
+                       "endingTimestamp": "2026-01-01T00:00:00Z"})
+    assert t.starting_timestamp == 1000 and t.ending_timestamp == 1767225600000 and t.time_lookups
+    a = parse_options({"path": "x", "assign": '{"orders": [1, 0], "b": [3]}',
+                       "startingOffsetsByTimestamp": '{"orders": {"0": 5}}',
+                       "endingOffsetsByTimestamp": '{"orders": {"0": 9}}',
+                       "startingOffsetsByTimestampStrategy": "LATEST"})
+    assert a.assign == (("b", 3), ("orders", 0), ("orders", 1)) and a.wants("orders", 1) and not a.wants("b", 0)
+    assert a.starting_offsets_by_timestamp == {"orders": {"0": 5}} and a.by_timestamp_strategy == "latest"
+    # What Spark itself passes: .load([one]) arrives as "paths" (a JSON list); keys in lower case.
+    assert parse_options({"paths": '["s3://b/x"]'}).path == "s3://b/x"
+    assert parse_options({"subscribepattern": "o.*", "path": "p"}).topic_pattern == "o.*"
+    w = parse_options({"path": "p", "topic": " t ", "compression": "lz4", "storage.anon": "true"}, "write")
+    assert (w.topic, w.compression, w.storage_options) == ("t", "lz4", {"anon": True})
 
 
 @pytest.mark.parametrize("opts, match", [
@@ -89,14 +101,50 @@ def test_parse_options() -> None:
     ({"path": "x", "startingOffsets": "latest"}, "latest"),
     ({"path": "x", "endingOffsets": '{"t": {"0": -2}}'}, "earliest"),
     ({"path": "x", "startingOffsets": '{"t": [1]}'}, "startingOffsets"),
+    ({"path": "x", "startingOffsets": '{"t": {"0": 9}}', "endingOffsets": '{"t": {"0": 3}}'}, "above"),
     ({"path": "x", "partitions": "a"}, "partitions"),
     ({"path": "x", "storage_options": '{"secret": "hunter2"'}, "not shown"),
     ({"path": "x", "topicPattern": "("}, "topicPattern"),
+    ({"path": "x", "subscribe": " , "}, "names no topic"),
+    ({"path": "x", "assign": "orders"}, "assign"),
+    ({"path": "x", "assign": '{"orders": ["a"]}'}, "assign"),
+    ({"path": "x", "startingOffsetsByTimestamp": '{"t": {"0": "x"}}'}, "startingOffsetsByTimestamp"),
+    ({"path": "x", "startingOffsetsByTimestampStrategy": "earliest"}, "Strategy"),
+    ({"path": "x", "minPartitions": "0"}, "minPartitions"),
+    ({"paths": '["a", "b"]'}, "one backup at a time"),
+    # unknown options, with the closest known one
+    ({"path": "x", "subscirbe": "orders"}, "unknown option 'subscirbe'.*did you mean 'subscribe'"),
+    ({"path": "x", "startingOffset": "earliest"}, "did you mean 'startingOffsets'"),
+    ({"path": "x", "bogus": "1"}, "unknown option 'bogus'"),
+    # conflicts, as validateBatchOptions (only one way to choose topics)
+    ({"path": "x", "subscribe": "a", "subscribePattern": "b.*"}, "'subscribe' and 'subscribePattern' cannot"),
+    ({"path": "x", "topics": "a", "assign": '{"a": [0]}'}, "cannot be used together"),
+    ({"path": "x", "assign": '{"a": [0]}', "partitions": "0"}, "'assign' and 'partitions'"),
+    ({"path": "x", "startingOffsets": "earliest", "startingTimestamp": "5"}, "cannot be used together"),
+    ({"path": "x", "endingOffsetsByTimestamp": '{"a": {"0": 5}}', "endingTimestamp": "5"}, "cannot be used"),
+    # Kafka options that make no sense for a backup
+    ({"path": "x", "kafka.bootstrap.servers": "h:9092"}, "Kafka client setting.*not a Kafka cluster"),
+    ({"path": "x", "maxOffsetsPerTrigger": "10"}, "maxOffsetsPerTrigger.*micro-batch of a streaming"),
+    ({"path": "x", "groupIdPrefix": "g"}, "no Kafka consumer"),
+    # write options on a read
+    ({"path": "x", "compression": "zstd"}, "'compression' is a write option"),
 ])
 def test_bad_options(opts: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match) as info:
         parse_options(opts)
     assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("opts, match", [
+    ({"path": "x", "startingOffsets": "earliest"}, "'startingOffsets' is a read option"),
+    ({"path": "x", "kafka.bootstrap.servers": "h:9092"}, "writes a backup to storage"),
+    ({"path": "x", "compresion": "lz4"}, "did you mean 'compression'"),
+    ({"path": "x", "compression": "gzip"}, "compression"),
+    ({}, r"needs a path: \.save"),
+])
+def test_bad_write_options(opts: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_options(opts, "write")
 
 
 def test_translate_filters() -> None:

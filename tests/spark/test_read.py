@@ -39,19 +39,61 @@ def test_options_select_records(spark, conformance: Path) -> None:  # type: igno
     expected = load_expected(case / "expected.jsonl")
     o0 = [r["offset"] for r in expected if (r["topic"], r["partition"]) == ("orders", 0)]
     lo, hi = o0[len(o0) // 3], o0[2 * len(o0) // 3]
-    ts = sorted(r["timestamp"] for r in expected)
-    t_lo, t_hi = ts[len(ts) // 4], ts[3 * len(ts) // 4]
     df = (spark.read.format("kbs")
           .option("topics", "orders")
           .option("startingOffsets", json.dumps({"orders": {"0": lo, "1": -2}}))
           .option("endingOffsets", json.dumps({"orders": {"0": hi, "1": -1}}))
-          .option("startingTimestamp", str(t_lo)).option("endingTimestamp", str(t_hi))
           .load(str(case / "backup-1")))
-    want = [r for r in expected if r["topic"] == "orders" and t_lo <= r["timestamp"] < t_hi
-            and (r["partition"] != 0 or lo <= r["offset"] < hi)]
+    want = [r for r in expected if r["topic"] == "orders" and (r["partition"] != 0 or lo <= r["offset"] < hi)]
     assert want and df_rows(df) == want
     pattern = spark.read.format("kbs").option("topicPattern", r"user\..*").option("partitions", "0")
     assert df_rows(pattern.load(str(case / "backup-1"))) == [r for r in expected if r["topic"] == "user.events-v2"]
+
+
+def test_kafka_source_options(spark, conformance: Path) -> None:  # type: ignore[no-untyped-def]
+    """The Kafka source's read options through Spark: assign, offsets by timestamp, minPartitions."""
+    case = conformance / "valid" / "zstd-v1.1"
+    url = str(case / "backup-1")
+    expected = load_expected(case / "expected.jsonl")
+    assigned = spark.read.format("kbs").option("assign", '{"orders": [1]}').load(url)
+    assert df_rows(assigned) == [r for r in expected if (r["topic"], r["partition"]) == ("orders", 1)]
+
+    part = sorted((r for r in expected if (r["topic"], r["partition"]) == ("orders", 1)), key=lambda r: r["offset"])
+    t0 = sorted(r["timestamp"] for r in part)[len(part) // 2]
+    first = next(r["offset"] for r in part if r["timestamp"] >= t0)  # Kafka's offsetsForTimes
+    by_ts = (spark.read.format("kbs").option("subscribe", "orders")
+             .option("startingOffsetsByTimestamp", json.dumps({"orders": {"1": t0}})).load(url))
+    assert df_rows(by_ts) == [r for r in expected if r["topic"] == "orders"
+                              and (r["partition"] == 0 or r["offset"] >= first)]
+
+    split = spark.read.format("kbs").option("minPartitions", "12").load(url)
+    assert split.rdd.getNumPartitions() >= 12
+    assert df_rows(split) == expected
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("subscirbe", "orders", "did you mean 'subscribe'"),
+    ("kafka.bootstrap.servers", "localhost:9092", "not a Kafka cluster"),
+    ("maxOffsetsPerTrigger", "100", "streaming"),
+    ("startingOffsetsByTimestamp", '{"orders": {"0": 1}}', "cannot be used together"),
+])
+def test_bad_options_fail_at_load(spark, conformance: Path, option: str, value: str, match: str) -> None:  # type: ignore[no-untyped-def]
+    url = str(conformance / "valid" / "zstd-v1.1" / "backup-1")
+    with pytest.raises(Exception, match=match):
+        spark.read.format("kbs").option("startingOffsets", "earliest").option(option, value).load(url).collect()
+
+
+def test_headers_null_and_explain(spark, conformance: Path) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    case = conformance / "valid" / "zstd-v1.1"
+    expected = load_expected(case / "expected.jsonl")
+    df = spark.read.format("kbs").load(str(case / "backup-1"))
+    assert df.where(F.col("headers").isNull()).count() == sum(1 for r in expected if not r["headers"]) > 0
+    assert df.where(F.size("headers") == 0).count() == 0
+    plan = df.where((F.col("topic") == "orders") & (F.col("offset") > 5))._jdf.queryExecution() \
+        .explainString(spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "PushedFilters: [" in plan and "EqualTo(topic,orders)" in plan and "GreaterThan(offset,5)" in plan
 
 
 def test_pushed_filters_prune_segments(spark, conformance: Path) -> None:  # type: ignore[no-untyped-def]
