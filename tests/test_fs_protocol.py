@@ -202,7 +202,9 @@ def test_view_file_is_seekable_and_spills(written: tuple[str, pa.Table]) -> None
 def test_pandas_read_json_with_kbs_url(written: tuple[str, pa.Table]) -> None:
     pd = pytest.importorskip("pandas")
     url, table = written
-    df = pd.read_json(f"kbs::file://{url}/orders/4/records.jsonl", lines=True)
+    # pandas < 3 (pinned while PySpark asks for it) does not take chained ``kbs::`` URLs:
+    # ``kbs://`` with the backup in ``fo`` works with every version.
+    df = pd.read_json("kbs://orders/4/records.jsonl", lines=True, storage_options={"fo": url})
     expected = [json.loads(line) for line in expected_jsonl(table, "orders", 4).splitlines()]
     assert df["offset"].tolist() == [r["offset"] for r in expected]
     assert [None if pd.isna(v) else v for v in df["value"]] == [r["value"] for r in expected]

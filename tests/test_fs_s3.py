@@ -60,8 +60,9 @@ def test_chained_urls_on_s3(s3_backup: tuple[str, pa.Table], s3_storage_options:
 def test_pandas_and_pyarrow_on_s3(s3_backup: tuple[str, pa.Table], s3_storage_options: dict) -> None:
     pd = pytest.importorskip("pandas")
     url, table = s3_backup
-    df = pd.read_json(f"kbs::{url}/orders/0/records.jsonl", lines=True, dtype=False,
-                      storage_options={"s3": s3_storage_options})
+    # kbs:// with the backup in fo: pandas < 3 does not take chained kbs:: URLs.
+    df = pd.read_json("kbs://orders/0/records.jsonl", lines=True, dtype=False, convert_dates=False,
+                      storage_options={"fo": url, "target_options": s3_storage_options})
     want = [json.loads(line) for line in expected_jsonl(table, "orders", 0).splitlines()]
     assert df["offset"].tolist() == [r["offset"] for r in want]
     assert df["timestamp"].tolist() == [r["timestamp"] for r in want]
