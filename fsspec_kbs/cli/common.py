@@ -420,6 +420,24 @@ def human_bytes(n: float | None) -> str:
     return str(n)
 
 
+def human_duration(ms: float) -> str:
+    """``3 d 4 h``, ``12 min``, ``250 ms``: the two largest units."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    units = (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000))
+    parts = []
+    rest = ms
+    for name, size in units:
+        if rest >= size or parts:
+            n = int(rest // size)
+            rest -= n * size
+            if n:
+                parts.append(f"{n} {name}")
+            if len(parts) == 2:
+                break
+    return " ".join(parts) if parts else f"{ms / 1000:.1f} s"
+
+
 def iso_ms(ms: int | None) -> str:
     if ms is None:
         return "-"

@@ -19,8 +19,7 @@ import re
 import time
 from datetime import datetime, timedelta, timezone
 
-ACCEPTED = ("Unix ms (1762000000000), ISO 8601 (2026-11-01, 2026-11-01T12:00:00Z, +02:00 offsets; "
-            "naive = UTC), relative (-2h, -1d12h, '2h ago', now, now-30m) or today/yesterday/tomorrow")
+ACCEPTED = "Unix ms, ISO 8601 (2026-11-01T12:00Z; UTC if no offset), -2h, '3 days ago', now-30m, today, yesterday"
 
 _UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "m": 60_000, "min": 60_000, "minute": 60_000,
              "h": 3_600_000, "hour": 3_600_000, "d": 86_400_000, "day": 86_400_000,
