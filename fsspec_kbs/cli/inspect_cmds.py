@@ -299,7 +299,9 @@ def validate_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
         kind = "deep" if deep else "quick"
         if report.ok:
             extra = f", {report.records_checked:,} records decoded" if deep else ""
-            out.print(f"[green]OK[/] ({kind}): {report.segments_checked} segments{extra}, no defects")
+            out.print(f"[green]OK[/] ({kind}): {report.segments_checked} segments{extra}, no defects"
+                      + ("" if deep else "; headers, footers and sizes only: --deep checks every checksum "
+                                         "and record"), highlight=False)
         else:
             out.print(f"[red]FAILED[/] ({kind}): {len(report.defects)} defect(s) in "
                       f"{report.segments_checked} segments checked")
@@ -317,6 +319,7 @@ def validate_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
 def cat_cmd(backup_url: str, storage_option: tuple, storage_options_json: str | None, limit: int | None,
             binary: str, allow_incomplete: bool, **kwargs: Any) -> None:
     """Print records as JSON lines (topic, partition, offset, timestamp, key, value, headers)."""
+    from fsspec_kbs.api import unmatched_filters
     from fsspec_kbs.dataset import KbsDataset
 
     enc = _ENCODERS[binary]
@@ -325,6 +328,8 @@ def cat_cmd(backup_url: str, storage_option: tuple, storage_options_json: str | 
     try:
         ds = KbsDataset.open(backup_url, storage_options_from(storage_option, storage_options_json),
                              allow_incomplete=allow_incomplete).filter(**filters)
+        for message in unmatched_filters(ds):
+            warn_line(message)
         for batch in ds.to_batches(columns=["topic", "partition", "offset", "timestamp", "key", "value",
                                             "headers"]):
             ts = batch.column("timestamp").cast("int64").to_pylist()
@@ -341,6 +346,8 @@ def cat_cmd(backup_url: str, storage_option: tuple, storage_options_json: str | 
                 }
                 sys.stdout.write(json.dumps(doc) + "\n")
                 printed += 1
+        if printed == 0 and any(v not in (None, []) for v in filters.values()):
+            warn_line(f"no record of {backup_url} matched the filters")
     except BrokenPipeError:  # `kbs cat … | head`
         return
     except (KbsError, FileNotFoundError) as e:

@@ -58,7 +58,7 @@ def test_bad_time_is_one_line_usage_error(backup: str) -> None:
 
 def test_relative_time_works(backup: str) -> None:
     code, out, _ = run("cat", backup, "--start-time", "2025-11-24T16:00:05Z", "--end-time", "now")
-    assert code == 0 and [json.loads(x)["offset"] for x in out.splitlines()] == [0, 1]
+    assert code == 0 and [json.loads(x)["offset"] for x in out.splitlines()] == [2, 0, 1]
 
 
 def test_missing_backup_is_one_line(tmp_path: Path) -> None:
