@@ -86,8 +86,25 @@ def warn_unmatched(ds: KbsDataset, stacklevel: int = 3) -> KbsDataset:
     return ds
 
 
+def storage_url(url: str) -> str:
+    """The backup's storage URL from what a user may write: ``kbs::s3://...`` (a chained URL)
+    reads ``s3://...``; ``kbs:///abs/path`` reads ``/abs/path``. Any other ``kbs://`` URL
+    raises a ValueError saying what to write."""
+    if not isinstance(url, str):
+        return url
+    if url.startswith("kbs::"):
+        return url[len("kbs::"):]
+    if url.startswith("kbs:///") and "::" not in url:
+        return url[len("kbs://"):]
+    if url.startswith("kbs://"):
+        raise ValueError(f"{url}: read_table / open_reader / KbsDataset take the backup's own URL "
+                         "(s3://bucket/backups/backup-1, /data/backups/backup-1), not a kbs:// path; "
+                         "kbs:// is the file view of a backup for tools that only read files (docs/fsspec.md)")
+    return url
+
+
 def _dataset(url: str, storage_options: dict | None, allow_incomplete: bool, **filters: Any) -> KbsDataset:
-    ds = KbsDataset.open(url, storage_options, allow_incomplete=allow_incomplete).filter(**filters)
+    ds = KbsDataset.open(storage_url(url), storage_options, allow_incomplete=allow_incomplete).filter(**filters)
     return warn_unmatched(ds, stacklevel=4)
 
 
