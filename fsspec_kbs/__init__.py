@@ -1,6 +1,13 @@
 """fsspec-kbs: Kafka backups (KBS format) on any fsspec URL, as Arrow tables and pandas frames."""
 
-from fsspec_kbs.api import open_reader, read_pandas, read_table, write_batches, write_table
+from fsspec_kbs.api import (
+    NoMatchWarning,
+    open_reader,
+    read_pandas,
+    read_table,
+    write_batches,
+    write_table,
+)
 from fsspec_kbs.arrow.schema import KAFKA_SCHEMA, KAFKA_VIEW_SCHEMA
 from fsspec_kbs.convert import convert_backup
 from fsspec_kbs.dataset import KbsDataset, KbsScanner
@@ -25,6 +32,9 @@ from fsspec_kbs.store import (
     list_backups,
     open_backup,
 )
+from fsspec_kbs.store.oso_backup import OsoBackup
+from fsspec_kbs.tools.compact import compact_backup
+from fsspec_kbs.tools.retain import retain_backup
 
 __version__ = "0.1.0"
 
@@ -43,6 +53,7 @@ __all__ = [
     "KbsScanner",
     "Manifest",
     "ManifestError",
+    "NoMatchWarning",
     "OsoBackup",
     "ScanFilter",
     "SegmentFormatError",

@@ -14,8 +14,98 @@ from fsspec_kbs.filters import TimeLike
 from fsspec_kbs.store import BackupWriter, Manifest
 
 
+class NoMatchWarning(UserWarning):
+    """A filter names a topic or partition the backup does not hold, or bounds outside its data."""
+
+
+def unmatched_filters(ds: KbsDataset) -> list[str]:
+    """Why the dataset's filters select nothing, from the manifest alone (no segment is read):
+    one sentence per topic, pattern, partition or bound that matches no data. Empty when each
+    part of the filter matches something (the rows may still be few, or none)."""
+    sf = ds.scan_filter
+    refs = ds.backup.segments()
+    if not refs:
+        return []
+    url = ds.backup.url
+    topics = sorted({r.topic for r in refs})
+    problems = []
+    for t in sorted(sf.topics or ()):
+        if t not in topics:
+            problems.append(f"topic {t!r} is not in {url} (it holds {', '.join(topics)})")
+    if sf.topic_pattern is not None:
+        import re
+
+        if not any(re.fullmatch(sf.topic_pattern, t) for t in topics):
+            problems.append(f"topic pattern {sf.topic_pattern!r} matches no topic of {url} "
+                            f"({', '.join(topics)}; the pattern must match the whole name)")
+    by_topic: dict[str, set[int]] = {}
+    for r in refs:
+        by_topic.setdefault(r.topic, set()).add(r.partition)
+    chosen = [t for t in topics if (sf.topics is None or t in sf.topics)]
+    for p in sorted(sf.partitions or ()):
+        if chosen and not any(p in by_topic.get(t, set()) for t in chosen):
+            held = sorted({q for t in chosen for q in by_topic.get(t, set())})
+            problems.append(f"partition {p} is not in {', '.join(chosen)} of {url} "
+                            f"(partitions: {', '.join(map(str, held))})")
+    if problems:
+        return problems
+    wanted = [r for r in refs if sf.wants_partition(r.topic, r.partition)]
+    if not wanted:
+        return [f"the filters select no partition of {url}"]
+    firsts = [r.first_offset for r in wanted if r.first_offset is not None]
+    lasts = [r.last_offset for r in wanted if r.last_offset is not None]
+    if len(firsts) == len(wanted) and len(lasts) == len(wanted):
+        lo, hi = min(firsts), max(lasts)
+        if (sf.start_offset is not None and sf.start_offset > hi) or (
+                sf.end_offset is not None and sf.end_offset <= lo):
+            problems.append(f"offsets [{sf.start_offset}, {sf.end_offset}) are outside the selected data "
+                            f"of {url} (offsets {lo} … {hi})")
+    mins = [r.min_timestamp for r in wanted if r.min_timestamp is not None]
+    maxs = [r.max_timestamp for r in wanted if r.max_timestamp is not None]
+    if len(mins) == len(wanted) and len(maxs) == len(wanted):
+        lo, hi = min(mins), max(maxs)
+        if (sf.start_time is not None and sf.start_time > hi) or (sf.end_time is not None and sf.end_time <= lo):
+            problems.append(f"the time bounds are outside the selected data of {url} "
+                            f"(timestamps {_iso(lo)} … {_iso(hi)})")
+    return problems
+
+
+def _iso(ms: int) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def warn_unmatched(ds: KbsDataset, stacklevel: int = 3) -> KbsDataset:
+    """Warn (:class:`NoMatchWarning`) for each part of the filters that matches no data."""
+    import warnings
+
+    for message in unmatched_filters(ds):
+        warnings.warn(message, NoMatchWarning, stacklevel=stacklevel + 1)
+    return ds
+
+
+def storage_url(url: str) -> str:
+    """The backup's storage URL from what a user may write: ``kbs::s3://...`` (a chained URL)
+    reads ``s3://...``; ``kbs:///abs/path`` reads ``/abs/path``. Any other ``kbs://`` URL
+    raises a ValueError saying what to write."""
+    if not isinstance(url, str):
+        return url
+    if url.startswith("kbs::"):
+        return url[len("kbs::"):]
+    if url.startswith("kbs:///") and "::" not in url:
+        return url[len("kbs://"):]
+    if url.startswith("kbs://"):
+        raise ValueError(f"{url}: read_table / open_reader / KbsDataset take the backup's own URL "
+                         "(s3://bucket/backups/backup-1, /data/backups/backup-1), not a kbs:// path; "
+                         "kbs:// is the file view of a backup for tools that only read files (docs/fsspec.md)")
+    return url
+
+
 def _dataset(url: str, storage_options: dict | None, allow_incomplete: bool, **filters: Any) -> KbsDataset:
-    return KbsDataset.open(url, storage_options, allow_incomplete=allow_incomplete).filter(**filters)
+    ds = KbsDataset.open(storage_url(url), storage_options, allow_incomplete=allow_incomplete).filter(**filters)
+    return warn_unmatched(ds, stacklevel=4)
 
 
 def read_table(

@@ -149,6 +149,17 @@ class KbsDataset:
     def count_rows(self, **kwargs: Any) -> int:
         return self.scanner(**kwargs).count_rows()
 
+    # -- Arrow interchange (appended: the Arrow PyCapsule stream protocol) --
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """Arrow PyCapsule stream: ``duckdb.sql("select * from ds")``, ``polars.from_arrow(ds)``,
+        ``pa.RecordBatchReader.from_stream(ds)`` read the dataset directly (one scan per call)."""
+        return self.to_reader().__arrow_c_stream__(requested_schema)
+
+    def to_pyarrow_dataset(self, **kwargs: Any) -> Any:
+        """A one-shot ``pyarrow.dataset`` (a scan of this dataset), for APIs that take one;
+        ``kwargs`` go to :meth:`scanner`."""
+        return self.scanner(**kwargs).to_pyarrow_dataset()
+
 
 class KbsScanner:
     """Reads the segments a dataset selects, in (topic, partition, offset) order."""
@@ -326,6 +337,17 @@ class KbsScanner:
         """Rows the scan yields, counted by decoding them: the manifest's record counts are
         claims, and a count fails where a read of the same rows would."""
         return sum(b.num_rows for b in self.to_batches())
+
+    # -- Arrow interchange (appended: the Arrow PyCapsule stream protocol) --
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """Arrow PyCapsule stream of this scan (see :meth:`KbsDataset.__arrow_c_stream__`)."""
+        return self.to_reader().__arrow_c_stream__(requested_schema)
+
+    def to_pyarrow_dataset(self) -> Any:
+        """This scan as a one-shot ``pyarrow.dataset.Dataset`` (it can be scanned once)."""
+        import pyarrow.dataset as pads
+
+        return pads.dataset(self.to_reader())
 
 
 _END = object()  # a segment's last task is behind: run its end checks

@@ -49,6 +49,14 @@ _GLOB = re.compile(r"[*?\[]")
 _READ_ONLY = "kbs:// is read-only: a backup is written with fsspec_kbs.write_table / BackupWriter, not through the filesystem"
 
 
+_OWN_KWARGS = {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",
+               "asynchronous", "loop", "batch_size"}
+_NO_FO = ("kbs:// needs the backup it browses: write kbs::<URL of the backup or of a file in it> "
+          "(kbs::s3://bucket/backups/backup-1/orders/0/records.jsonl, kbs::/data/backups/backup-1), "
+          "kbs:///<absolute local path>, or pass fo=<URL of the backup> "
+          "(fsspec.filesystem('kbs', fo=...), storage_options={'fo': ...})")
+
+
 def _is_partition_name(name: str) -> bool:
     return bool(re.fullmatch(r"0|[1-9][0-9]*", name))
 
@@ -121,13 +129,20 @@ class KbsFileSystem(_Base):
     root_marker = ""
     cachable = False
 
-    def __init__(self, fo: str, target_protocol: str | None = None, target_options: dict | None = None,
-                 fs: fsspec.AbstractFileSystem | None = None, allow_incomplete: bool = False,
-                 verify_checksums: bool = True, spool_bytes: int = DEFAULT_SPOOL_BYTES,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, fo: str | None = None, target_protocol: str | None = None,
+                 target_options: dict | None = None, fs: fsspec.AbstractFileSystem | None = None,
+                 allow_incomplete: bool = False, verify_checksums: bool = True,
+                 spool_bytes: int = DEFAULT_SPOOL_BYTES, **kwargs: Any) -> None:
+        # Flat storage options (fsspec.filesystem("kbs", fo=..., endpoint_url=..., key=...)) go
+        # to the target, as target_options do; fsspec's own instance options stay here.
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in _OWN_KWARGS}
+        if kwargs:
+            if fs is not None:
+                raise TypeError(f"kbs://: storage options {sorted(kwargs)} cannot apply to the fs= given")
+            target_options = {**kwargs, **(target_options or {})}
+        super().__init__(**own)
         if not isinstance(fo, str) or not fo:
-            raise ValueError("kbs:// needs fo=<URL of a backup directory>")
+            raise ValueError(_NO_FO)
         if fs is None:
             if target_protocol:
                 fs = fsspec.filesystem(target_protocol, **(target_options or {}))
@@ -184,6 +199,13 @@ class KbsFileSystem(_Base):
             if len(root) >= 1 and root[-1] and not any(_GLOB.search(p) for p in root) and _plausible_inner(inner):
                 out.append(("/".join(root), "/".join(inner)))
         return out
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        """``kbs:///data/backups/backup-1/...``: a local absolute path names the backup itself."""
+        if isinstance(path, str) and path.startswith("kbs:///") and "::" not in path:
+            return {"fo": path[len("kbs://"):]}
+        return {}
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -373,6 +395,37 @@ class KbsFileSystem(_Base):
         sizes = {name: info.get("size") or 0
                  for name, info in self.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=True).items()}
         return sum(sizes.values()) if total else sizes
+
+    def size(self, path: str) -> int:
+        """Bytes of ``path``. A decoded view not produced yet is produced once (decoded and
+        spooled) to learn it: tools such as DuckDB need the size before reading."""
+        info = self.info(path)
+        if info.get("size") is None and info.get("kind") == "view":
+            with self.open(path, "rb") as f:
+                f.seek(0, 2)
+                return f.tell()
+        return info.get("size") or 0
+
+    def modified(self, path: str) -> Any:
+        """When the backup was completed (its manifest's ``completed_at``, else ``created_at``),
+        for every path: a committed backup does not change. Falls back to the storage's
+        modification time of the manifest or segment."""
+        from datetime import datetime, timezone
+
+        path = self._rel(path)
+        node = self._node(path)
+        m = self.backup.manifest
+        stamp = (getattr(m, "completed_at", None) or getattr(m, "created_at", None)) if m is not None else None
+        if isinstance(stamp, str):
+            try:
+                return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+            except ValueError:
+                pass
+        target = node[3].path if node[0] == "segment" else f"{self.backup.path}/{MANIFEST}"
+        try:
+            return self.backup.fs.modified(target)
+        except (NotImplementedError, FileNotFoundError, OSError):
+            return datetime.fromtimestamp(0, tz=timezone.utc)
 
     def ukey(self, path: str) -> str:
         """A key that changes when the content does: a segment's CRC-64, else the backup and path

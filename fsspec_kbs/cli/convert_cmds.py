@@ -5,19 +5,28 @@ from __future__ import annotations
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from fsspec_kbs.cli.common import console, fail, out, storage_options_from, storage_options_option
+from fsspec_kbs.cli.common import (
+    alias,
+    console,
+    dest_storage_options_from,
+    dest_storage_options_option,
+    fail,
+    out,
+    storage_options_from,
+    storage_options_option,
+)
 from fsspec_kbs.errors import KbsError
 
 
 @click.command("convert")
 @click.argument("src_url")
 @click.argument("dst_url")
-@click.option("--to", "to", type=click.Choice(["kbs", "oso"]), required=True,
-              help="Layout to write: kbs (published KBS format) or oso (the OSO kafka-backup tool's own).")
+@click.option("--layout", "to", type=click.Choice(["kbs", "oso"]),
+              help="Layout to write: kbs (published KBS format) or oso (the OSO kafka-backup tool's own). "
+                   "Required.")
+@alias("--to", dest="to", new="--layout", type=click.Choice(["kbs", "oso"]))
 @storage_options_option
-@click.option("-D", "--dst-storage-option", "dst_storage_option", multiple=True, metavar="KEY=VALUE",
-              help="fsspec storage option for DST_URL only (repeatable); default: the -S options "
-                   "when both URLs use the same protocol.")
+@dest_storage_options_option
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]),
               help="Codec of the output (default: the source's).")
 @click.option("--level", type=int, help="Codec level.")
@@ -26,19 +35,22 @@ from fsspec_kbs.errors import KbsError
 @click.option("--overwrite", is_flag=True, help="Replace a backup already at DST_URL.")
 @click.option("--allow-incomplete", is_flag=True, help="Convert a source backup without manifest.")
 @click.option("--no-verify", is_flag=True, help="Skip checksum verification of the source.")
-def convert_cmd(src_url: str, dst_url: str, to: str, storage_option: tuple, storage_options_json: str | None,
-                dst_storage_option: tuple, compression: str | None, level: int | None,
+def convert_cmd(src_url: str, dst_url: str, to: str | None, storage_option: tuple,
+                storage_options_json: str | None, dest_storage_option: tuple,
+                dest_storage_options_json: str | None, compression: str | None, level: int | None,
                 segment_max_bytes: int | None, segment_max_records: int | None, overwrite: bool,
                 allow_incomplete: bool, no_verify: bool) -> None:
-    """Convert the backup at SRC_URL (layout detected) into DST_URL in layout --to, streaming.
+    """Convert the backup at SRC_URL (layout detected) into DST_URL in layout --layout, streaming.
 
     Lossless: keys, values, headers (null header values too), timestamps and offsets. The
     manifest is written last, so an interrupted conversion leaves no usable-looking backup.
     """
     from fsspec_kbs.convert import ConvertProgress, convert_backup
 
+    if to is None:
+        raise click.UsageError("give the layout to write: --layout kbs or --layout oso")
     opts = storage_options_from(storage_option, storage_options_json)
-    dst_opts = storage_options_from(dst_storage_option, None) if dst_storage_option else None
+    dst_opts = dest_storage_options_from(src_url, dst_url, opts, dest_storage_option, dest_storage_options_json)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task(f"converting to {to}", total=None)

@@ -13,27 +13,30 @@ from rich.table import Table
 from rich.text import Text
 
 from fsspec_kbs.cli.common import (
+    TIME_HELP,
+    alias,
     console,
     fail,
+    format_config,
     human_bytes,
     iso_ms,
     out,
-    redact,
     storage_options_from,
     storage_options_option,
+    time_option,
 )
 from fsspec_kbs.errors import KbsError
 
 
 class _Rate(ProgressColumn):
-    """records/s and MB/s from the task's own counters."""
+    """records/s and MiB/s from the task's own counters."""
 
     def render(self, task: Task) -> Text:
         elapsed = task.elapsed or 0.0
         if elapsed <= 0:
             return Text("-", style="progress.data.speed")
-        mb = task.fields.get("nbytes", 0) / elapsed / 1e6
-        return Text(f"{task.completed / elapsed:,.0f} rec/s  {mb:,.1f} MB/s", style="progress.data.speed")
+        mib = task.fields.get("nbytes", 0) / elapsed / 2**20
+        return Text(f"{task.completed / elapsed:,.0f} rec/s  {mib:,.1f} MiB/s", style="progress.data.speed")
 
 
 @contextmanager
@@ -92,8 +95,10 @@ def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
 
 @click.command("backup")
 @_client_options
-@click.option("-t", "--topics", "topics", multiple=True, required=True, metavar="REGEX",
+@click.option("--topic", "topic_names", multiple=True, metavar="NAME", help="Topic to back up, exact name (repeatable).")
+@click.option("--topic-pattern", "topics", multiple=True, metavar="REGEX",
               help="Topics to back up: regular expression matched against the whole name (repeatable).")
+@alias("-t", "--topics", dest="topics", new="--topic-pattern", multiple=True)
 @click.option("--to", "to", required=True, metavar="URL", help="Storage root; the backup goes to URL/BACKUP_ID.")
 @click.option("--backup-id", help="Backup id (default backup-<UTC time>); required with --resume.")
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), default="zstd", show_default=True)
@@ -110,12 +115,18 @@ def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
               help="Seconds after which buffered records are written and checkpointed.")
 @storage_options_option
 def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], config_file: str | None, quiet: bool,
-               topics: tuple[str, ...], to: str, backup_id: str | None, compression: str, level: int | None,
+               topic_names: tuple[str, ...], topics: tuple[str, ...], to: str, backup_id: str | None, compression: str, level: int | None,
                segment_max_bytes: int, segment_max_records: int | None, resume: bool,
                incremental_from: str | None, include_internal: bool, no_consumer_groups: bool,
                checkpoint_interval: float, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Back up Kafka topics (a consistent cut: each partition up to its end offset at start)."""
+    import re
+
     from fsspec_kbs.kafka.backup import IncrementalGapWarning, run_backup
+
+    patterns = [re.escape(t) for t in topic_names] + list(topics)
+    if not patterns:
+        raise click.UsageError("name the topics to back up: --topic NAME and/or --topic-pattern REGEX")
 
     try:
         if resume and not backup_id:
@@ -124,12 +135,12 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
         so = storage_options_from(storage_option, storage_options_json)
         url, bid = _backup_url(to, backup_id)
         if not quiet:
-            console.print(f"backup [bold]{bid}[/] -> {url}  (client: {redact(conf)})", highlight=False)
+            console.print(f"backup [bold]{bid}[/] -> {url}  (client: {format_config(conf)})", highlight=False)
         # A gap is shown in the summary table instead of as a Python warning.
         with _progress("resume" if resume else "backup", quiet) as (advance, set_total), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", IncrementalGapWarning)
-            res = run_backup(conf, list(topics), url, storage_options=so, compression=compression, level=level,
+            res = run_backup(conf, patterns, url, storage_options=so, compression=compression, level=level,
                              segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
                              resume=resume, incremental_from=incremental_from, include_internal=include_internal,
                              consumer_groups=not no_consumer_groups, checkpoint_interval=checkpoint_interval,
@@ -142,7 +153,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
         return
     m = res.manifest
     stats = m.statistics if m is not None else {}
-    rate = res.bytes / res.seconds / 1e6 if res.seconds else 0.0
+    rate = res.bytes / res.seconds / 2**20 if res.seconds else 0.0
     table = Table(title=f"backup {res.backup_id}" + (" (resumed)" if res.resumed else ""), show_header=False)
     table.add_row("url", res.url)
     table.add_row("partitions", str(len(res.partitions)))
@@ -156,7 +167,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
         lost = sum(b - a for a, b in res.gaps.values())
         table.add_row("[bold red]gaps[/]", f"{lost:,} records in {len(res.gaps)} partition(s) deleted from the "
                       "broker since the earlier backup: in neither backup (manifest: kafka.gaps)")
-    table.add_row("time", f"{res.seconds:.1f} s ({rate:.1f} MB/s)")
+    table.add_row("time", f"{res.seconds:.1f} s ({rate:.1f} MiB/s)")
     if quiet:
         out.print(res.url, highlight=False)
     else:
@@ -170,8 +181,10 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
 @click.option("--topic-pattern", help="Regular expression source topics must match.")
 @click.option("--map", "maps", multiple=True, metavar="SRC:DST", help="Restore topic SRC into DST (repeatable).")
 @click.option("-p", "--partition", "partitions", multiple=True, type=int, help="Source partition (repeatable).")
-@click.option("--from-time", help="Earliest record timestamp to restore (Unix ms or ISO 8601), inclusive.")
-@click.option("--to-time", help="Restore records before this timestamp (Unix ms or ISO 8601), exclusive.")
+@time_option("--start-time", "from_time", help=f"Earliest record timestamp to restore, inclusive: {TIME_HELP}.")
+@time_option("--end-time", "to_time", help="Restore records before this timestamp, exclusive (same forms).")
+@alias("--from-time", dest="from_time", new="--start-time", callback_parse=True)
+@alias("--to-time", dest="to_time", new="--end-time", callback_parse=True)
 @click.option("--offset-range", "offset_ranges", multiple=True, metavar="TOPIC:PARTITION:START:END",
               help="Offset bounds of one source partition, START inclusive, END exclusive, either may be empty.")
 @click.option("--create-topics", is_flag=True, help="Create missing target topics with enough partitions.")
@@ -189,7 +202,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
 @storage_options_option
 def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: tuple[str, ...],
                 config_file: str | None, quiet: bool, topics: tuple[str, ...], topic_pattern: str | None,
-                maps: tuple[str, ...], partitions: tuple[int, ...], from_time: str | None, to_time: str | None,
+                maps: tuple[str, ...], partitions: tuple[int, ...], from_time: int | None, to_time: int | None,
                 offset_ranges: tuple[str, ...], create_topics: bool, replication_factor: int,
                 topic_configs: tuple[str, ...], include_offset_headers: bool, offset_header_style: str, restore_consumer_offsets: bool,
                 dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
@@ -206,7 +219,7 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
         conf = _client_config(bootstrap_servers, config_file, client_config)
         so = storage_options_from(storage_option, storage_options_json)
         if not quiet and not dry_run:
-            console.print(f"restore {backup_url} -> {conf['bootstrap.servers']}  (client: {redact(conf)})",
+            console.print(f"restore {backup_url} -> {conf['bootstrap.servers']}  (client: {format_config(conf)})",
                           highlight=False)
         with _progress("restore", quiet or dry_run) as (advance, set_total), warnings.catch_warnings():
             warnings.simplefilter("ignore", RetentionWarning)  # printed below, after the table
@@ -237,8 +250,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
     for gid, offs in res.group_offsets.items():
         out.print(f"consumer group {gid}: " + ", ".join(f"{t}/{p}={o}" for (t, p), o in sorted(offs.items())))
     if not dry_run:
-        rate = res.bytes / res.seconds / 1e6 if res.seconds else 0.0
-        out.print(f"{res.records:,} records, {human_bytes(res.bytes)} in {res.seconds:.1f} s ({rate:.1f} MB/s)")
+        rate = res.bytes / res.seconds / 2**20 if res.seconds else 0.0
+        out.print(f"{res.records:,} records, {human_bytes(res.bytes)} in {res.seconds:.1f} s ({rate:.1f} MiB/s)")
 
 
 def register(group: click.Group) -> None:

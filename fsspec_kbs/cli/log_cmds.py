@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable
-from typing import Any
 
 import click
 
 from fsspec_kbs.cli.common import (
-    console,
+    TIME_HELP,
+    dest_storage_options_from,
+    dest_storage_options_option,
     fail,
     human_bytes,
     out,
     storage_options_from,
     storage_options_option,
+    time_option,
 )
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.tools.units import parse_duration, parse_size
-
-
-def _to_storage_options(fn: Any) -> Any:
-    fn = click.option("-T", "--to-storage-option", "to_storage_option", multiple=True, metavar="KEY=VALUE",
-                      help="fsspec storage option for the --to URL (repeatable).")(fn)
-    return click.option("--to-storage-options", "to_storage_options_json", metavar="JSON",
-                        help="fsspec storage options for the --to URL as one JSON object")(fn)
 
 
 def _parsed(parse: Callable[[str], int]) -> Callable[[click.Context, click.Parameter, str | None], int | None]:
@@ -42,16 +36,11 @@ def _parsed(parse: Callable[[str], int]) -> Callable[[click.Context, click.Param
     return callback
 
 
-def _show_warnings(caught: list[warnings.WarningMessage]) -> None:
-    for w in caught:
-        console.print(f"[yellow]warning:[/] {w.message}", highlight=False, markup=True, soft_wrap=True)
-
-
 @click.command("import-log")
 @click.argument("kafka_log_dir")
 @click.option("--to", "to_url", required=True, help="Backup directory to create (<root>/<backup-id>).")
 @storage_options_option
-@_to_storage_options
+@dest_storage_options_option
 @click.option("-t", "--topic", "topics", multiple=True, help="Topic to import (repeatable; default all).")
 @click.option("--topic-pattern", help="Regular expression topics must match.")
 @click.option("-p", "--partition", "partitions", multiple=True, type=int, help="Partition (repeatable).")
@@ -62,7 +51,7 @@ def _show_warnings(caught: list[warnings.WarningMessage]) -> None:
 @click.option("--include-internal", is_flag=True, help="Also import __consumer_offsets and other internal topics.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, storage_options_json: str | None,
-                   to_storage_option: tuple, to_storage_options_json: str | None, topics: tuple, topic_pattern: str | None,
+                   dest_storage_option: tuple, dest_storage_options_json: str | None, topics: tuple, topic_pattern: str | None,
                    partitions: tuple, compression: str, overwrite: bool, strict: bool, no_verify: bool,
                    include_internal: bool, as_json: bool) -> None:
     """Import a Kafka broker's log directory (KAFKA_LOG_DIR, one of its log.dirs) into a new backup.
@@ -73,20 +62,17 @@ def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, stora
     """
     from fsspec_kbs.kafka_log import import_log
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            report = import_log(
-                kafka_log_dir, to_url,
-                storage_options=storage_options_from(storage_option, storage_options_json),
-                to_storage_options=storage_options_from(to_storage_option, to_storage_options_json),
-                topics=list(topics) or None, topic_pattern=topic_pattern, partitions=list(partitions) or None,
-                compression=compression, mode="overwrite" if overwrite else "error", verify_crc=not no_verify,
-                on_corrupt_tail="error" if strict else "truncate", include_internal=include_internal)
-        except (KbsError, FileNotFoundError, FileExistsError, ValueError) as e:
-            _show_warnings(caught)
-            fail(e)
-    _show_warnings(caught)
+    so = storage_options_from(storage_option, storage_options_json)
+    try:
+        report = import_log(
+            kafka_log_dir, to_url, storage_options=so,
+            to_storage_options=dest_storage_options_from(kafka_log_dir, to_url, so, dest_storage_option,
+                                                          dest_storage_options_json),
+            topics=list(topics) or None, topic_pattern=topic_pattern, partitions=list(partitions) or None,
+            compression=compression, mode="overwrite" if overwrite else "error", verify_crc=not no_verify,
+            on_corrupt_tail="error" if strict else "truncate", include_internal=include_internal)
+    except (KbsError, FileNotFoundError, FileExistsError, ValueError) as e:
+        fail(e)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
         return
@@ -106,7 +92,7 @@ def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, stora
 @click.argument("backup_url")
 @click.option("--to", "to_url", required=True, help="Backup directory to create.")
 @storage_options_option
-@_to_storage_options
+@dest_storage_options_option
 @click.option("--delete-retention", callback=_parsed(parse_duration), metavar="DURATION",
               help="Drop tombstones older than this (e.g. 1d, 12h, 86400000), measured back from the "
                    "partition's newest timestamp. Default: keep tombstones.")
@@ -114,23 +100,21 @@ def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, stora
 @click.option("--overwrite", is_flag=True, help="Replace a backup already at --to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def compact_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_options_json: str | None,
-                to_storage_option: tuple, to_storage_options_json: str | None, delete_retention: int | None,
+                dest_storage_option: tuple, dest_storage_options_json: str | None, delete_retention: int | None,
                 compression: str | None, overwrite: bool, as_json: bool) -> None:
     """Kafka log compaction: keep the latest record per key in each partition (offsets unchanged)."""
     from fsspec_kbs.tools.compact import compact_backup
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            report = compact_backup(
-                backup_url, to_url, storage_options=storage_options_from(storage_option, storage_options_json),
-                to_storage_options=storage_options_from(to_storage_option, to_storage_options_json),
-                delete_retention=delete_retention, compression=compression,
-                mode="overwrite" if overwrite else "error")
-        except (KbsError, FileNotFoundError, FileExistsError, ValueError) as e:
-            _show_warnings(caught)
-            fail(e)
-    _show_warnings(caught)
+    so = storage_options_from(storage_option, storage_options_json)
+    try:
+        report = compact_backup(
+            backup_url, to_url, storage_options=so,
+            to_storage_options=dest_storage_options_from(backup_url, to_url, so, dest_storage_option,
+                                                          dest_storage_options_json),
+            delete_retention=delete_retention, compression=compression,
+            mode="overwrite" if overwrite else "error")
+    except (KbsError, FileNotFoundError, FileExistsError, ValueError) as e:
+        fail(e)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
         return
@@ -145,27 +129,29 @@ def compact_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_opt
 @click.argument("backup_url")
 @click.option("--to", "to_url", required=True, help="Backup directory to create.")
 @storage_options_option
-@_to_storage_options
+@dest_storage_options_option
 @click.option("--max-age", callback=_parsed(parse_duration), metavar="DURATION",
               help="Drop leading segments whose newest record is older than this (e.g. 7d).")
 @click.option("--max-bytes", callback=_parsed(parse_size), metavar="SIZE",
               help="Per partition, drop leading segments while the rest stays at or above this (e.g. 10GiB).")
-@click.option("--now", help="Reference time for --max-age (Unix ms or ISO 8601); default: the backup's "
-                            "latest timestamp.")
+@time_option("--now", help=f"Reference time for --max-age ({TIME_HELP}); default: the backup's "
+                          "latest timestamp.")
 @click.option("--overwrite", is_flag=True, help="Replace a backup already at --to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def retain_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_options_json: str | None,
-               to_storage_option: tuple, to_storage_options_json: str | None, max_age: int | None,
-               max_bytes: int | None, now: str | None, overwrite: bool, as_json: bool) -> None:
+               dest_storage_option: tuple, dest_storage_options_json: str | None, max_age: int | None,
+               max_bytes: int | None, now: int | None, overwrite: bool, as_json: bool) -> None:
     """Kafka time/size retention: copy the backup without the leading segments retention drops."""
     from fsspec_kbs.tools.retain import retain_backup
 
     if max_age is None and max_bytes is None:
         raise click.UsageError("give --max-age and/or --max-bytes")
+    so = storage_options_from(storage_option, storage_options_json)
     try:
         report = retain_backup(
-            backup_url, to_url, storage_options=storage_options_from(storage_option, storage_options_json),
-            to_storage_options=storage_options_from(to_storage_option, to_storage_options_json),
+            backup_url, to_url, storage_options=so,
+            to_storage_options=dest_storage_options_from(backup_url, to_url, so, dest_storage_option,
+                                                          dest_storage_options_json),
             max_age=max_age, max_bytes=max_bytes, now=now, overwrite=overwrite)
     except (KbsError, FileNotFoundError, FileExistsError, ValueError) as e:
         fail(e)

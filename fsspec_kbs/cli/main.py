@@ -7,6 +7,7 @@ import importlib
 import click
 
 from fsspec_kbs import __version__
+from fsspec_kbs.cli.common import KbsGroup
 
 #: Modules that each define ``register(group)``; one per family of commands.
 COMMAND_MODULES = (
@@ -17,7 +18,7 @@ COMMAND_MODULES = (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=KbsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kbs")
 def cli() -> None:
     """Work with Kafka backups (KBS format) on any fsspec URL."""

@@ -11,11 +11,80 @@ reference-counted with atomic increments, ~65 ns per record, four times the reco
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import sys
+import threading
+from typing import Any
 
 import numpy as np
 
-JIT_ENABLED = False
+#: Whether kernels run compiled: numba is installed and ``FSSPEC_KBS_NO_JIT`` is not set.
+#: numba itself is imported on the first kernel call, not here: ``import fsspec_kbs`` and
+#: ``kbs --help`` stay fast, and compiled kernels come from numba's on-disk cache
+#: (``cache=True``) after the first run in an environment.
+JIT_ENABLED = (os.environ.get("FSSPEC_KBS_NO_JIT", "") not in ("1", "true", "yes")
+               and importlib.util.find_spec("numba") is not None)
+
+# ``_nrt=False``: no reference counting (see above); a kernel that allocated would fail to
+# compile, not run slowly.
+_OPTIONS = {"cache": True, "nogil": True, "_nrt": False}
+_LAZY: list[_LazyKernel] = []
+_lock = threading.RLock()
+_compiled = False
+
+
+class _LazyKernel:
+    """A kernel until its first call: then numba is imported, every kernel defined so far gets
+    its dispatcher, and each ``fsspec_kbs`` module global naming a lazy kernel is rebound to
+    its dispatcher before anything compiles (a kernel calling another resolves it as a global
+    at compile time). ``py_func`` is the plain Python function, as on a numba dispatcher."""
+
+    def __init__(self, fn: Any, inline: bool, factory: Any = None) -> None:
+        functools.update_wrapper(self, fn)
+        self.py_func = fn
+        self._inline = inline
+        self._factory = factory  # builds the compiled function when it is not ``fn`` itself
+        self._jit: Any = None
+        _LAZY.append(self)
+
+    def _build(self, numba: Any) -> Any:
+        if self._factory is not None:
+            return self._factory()
+        options = dict(_OPTIONS, inline="always") if self._inline else _OPTIONS
+        return numba.njit(**options)(self.py_func)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._jit is None:
+            compile_kernels()
+        return self._jit(*args)
+
+    def __getattr__(self, name: str) -> Any:  # numba dispatcher attributes (signatures, ...)
+        if name.startswith("__") or name in ("_jit", "_factory", "_inline", "py_func"):
+            raise AttributeError(name)
+        if self._jit is None:
+            compile_kernels()
+        return getattr(self._jit, name)
+
+
+def compile_kernels() -> None:
+    """Import numba and turn every lazy kernel into its dispatcher (idempotent, thread-safe)."""
+    global _compiled
+    with _lock:
+        if _compiled:
+            return
+        import numba
+
+        for lazy in _LAZY:
+            lazy._jit = lazy._build(numba)
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__name__", "").startswith("fsspec_kbs"):
+                space = mod.__dict__
+                for name, value in list(space.items()):
+                    if isinstance(value, _LazyKernel):
+                        space[name] = value._jit
+        _compiled = True
 
 
 def _identity(fn):  # type: ignore[no-untyped-def]
@@ -24,23 +93,21 @@ def _identity(fn):  # type: ignore[no-untyped-def]
 
 kernel = _identity
 inline_kernel = _identity  # a small kernel inlined into its callers (per-field helpers)
-if os.environ.get("FSSPEC_KBS_NO_JIT", "") not in ("1", "true", "yes"):
-    try:
-        import numba
+if JIT_ENABLED:
 
-        # ``_nrt=False``: no reference counting (see above); a kernel that allocated would
-        # fail to compile, not run slowly.
-        _OPTIONS = {"cache": True, "nogil": True, "_nrt": False}
+    def kernel(fn):  # type: ignore[no-redef,no-untyped-def]
+        if _compiled:
+            import numba
 
-        def kernel(fn):  # type: ignore[no-redef,no-untyped-def]
             return numba.njit(**_OPTIONS)(fn)
+        return _LazyKernel(fn, inline=False)
 
-        def inline_kernel(fn):  # type: ignore[no-redef,no-untyped-def]
+    def inline_kernel(fn):  # type: ignore[no-redef,no-untyped-def]
+        if _compiled:
+            import numba
+
             return numba.njit(inline="always", **_OPTIONS)(fn)
-
-        JIT_ENABLED = True
-    except ImportError:  # pragma: no cover - numba is a core dependency
-        pass
+        return _LazyKernel(fn, inline=True)
 
 
 def _copy_slices(dst, d0, src, s0, n):  # type: ignore[no-untyped-def]
@@ -48,8 +115,8 @@ def _copy_slices(dst, d0, src, s0, n):  # type: ignore[no-untyped-def]
     dst[d0 : d0 + n] = src[s0 : s0 + n]
 
 
-copy_bytes = _copy_slices
-if JIT_ENABLED:
+def _compiled_copy_bytes():  # type: ignore[no-untyped-def]
+    import numba
     from numba.core import cgutils
     from numba.extending import intrinsic
 
@@ -68,11 +135,15 @@ if JIT_ENABLED:
 
         return sig, codegen
 
-    @inline_kernel
-    def copy_bytes(dst, d0, src, s0, n):  # type: ignore[no-redef,no-untyped-def]
+    def copy_bytes(dst, d0, src, s0, n):  # type: ignore[no-untyped-def]
         """``dst[d0:d0 + n] = src[s0:s0 + n]`` for uint8 arrays; callers guarantee the bounds."""
         if n > 0:
             _memcpy(dst, np.int64(d0), src, np.int64(s0), np.int64(n))
+
+    return numba.njit(inline="always", **_OPTIONS)(copy_bytes)
+
+
+copy_bytes = _LazyKernel(_copy_slices, inline=True, factory=_compiled_copy_bytes) if JIT_ENABLED else _copy_slices
 
 # Error codes returned by scan_records (the Python wrapper turns them into exceptions).
 OK = 0
