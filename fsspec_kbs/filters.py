@@ -11,12 +11,14 @@ from typing import Any
 import numpy as np
 
 from fsspec_kbs.store.backup import SegmentRef
+from fsspec_kbs.times import parse_time
 
 TimeLike = int | float | str | datetime | date | Any
 
 
 def to_millis(value: TimeLike | None) -> int | None:
-    """Unix ms from an int (ms), a datetime/pandas Timestamp (naive = UTC) or an ISO-8601 string."""
+    """Unix ms from an int (ms), a datetime/pandas Timestamp (naive = UTC) or a string: Unix ms,
+    ISO 8601 or a relative form (:func:`fsspec_kbs.times.parse_time`)."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -29,10 +31,7 @@ def to_millis(value: TimeLike | None) -> int | None:
         text = value.strip()
         if re.fullmatch(r"-?\d+", text):
             return int(text)
-        try:
-            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError as e:
-            raise ValueError(f"cannot read {value!r} as a time: use Unix ms or ISO 8601") from e
+        return parse_time(text)  # ISO 8601 and the relative forms (-2h, yesterday, ...)
     if hasattr(value, "to_pydatetime"):
         value = value.to_pydatetime()
     if isinstance(value, np.datetime64):

@@ -118,7 +118,7 @@ def _protocol(url: str) -> str:
 
 
 def _time_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from fsspec_kbs.cli.times import parse_time
+    from fsspec_kbs.times import parse_time
 
     if value is None:
         return None

@@ -38,10 +38,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import cramjam
-import crc32c as _crc32c
 import lz4.frame
 import numpy as np
 import zstandard
+from fastcrc import crc32 as _fastcrc32
 
 from fsspec_kbs.errors import (
     BadMagicError,
@@ -84,7 +84,7 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 def crc32c(data: bytes | memoryview) -> int:
     """CRC-32C (Castagnoli), the checksum of Kafka record batches v2."""
-    return _crc32c.crc32c(data)
+    return _fastcrc32.iscsi(data)
 
 
 @dataclass(frozen=True)

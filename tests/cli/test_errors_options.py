@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import fsspec_kbs
 from fsspec_kbs.cli.main import cli
-from fsspec_kbs.cli.times import parse_time
+from fsspec_kbs.times import parse_time
 
 NOW = 1_764_000_000_000  # 2025-11-24T16:00:00Z
 

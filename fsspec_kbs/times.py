@@ -1,4 +1,4 @@
-"""Times as people type them on a command line, to Unix milliseconds (UTC).
+"""Times as people type them (CLI options, API filters), to Unix milliseconds (UTC).
 
 Accepted (case-insensitive, surrounding spaces ignored):
 
