@@ -96,3 +96,18 @@ class CommitConflictError(KbsError, FileExistsError):
 
 class OffsetOrderError(KbsError, ValueError):
     """Offsets written to a partition do not strictly increase."""
+
+
+class CommitInProgressError(KbsError, RuntimeError):
+    """A commit was claimed but is not yet published: in progress, or its writer died.
+
+    ``kbs repair URL`` (or :func:`fsspec_kbs.store.txn.repair`) rolls it forward.
+    """
+
+
+class CommitError(KbsError, RuntimeError):
+    """A commit record cannot be applied (a staged file it names is missing or damaged)."""
+
+
+class UnsupportedStoreError(KbsError, NotImplementedError):
+    """The filesystem offers no create-only (conditional) write, so commits could race."""

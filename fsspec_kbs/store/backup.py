@@ -169,18 +169,24 @@ class KbsBackup:
     def from_storage(cls, fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None, url: str,
                      storage_options: dict | None = None, allow_incomplete: bool = False) -> KbsBackup:
         """Build from manifest bytes already read (None: no manifest there)."""
+        from fsspec_kbs.store.commit import check_commit_state
+
         if cls.check_id:
             check_backup_id(path.rsplit("/", 1)[-1])
         if raw is None:
             if not fs.exists(path):
                 raise BackupNotFoundError(f"no backup at {url}")
+            # No manifest but a claimed commit: an overwrite being applied, not an incomplete backup.
+            check_commit_state(fs, path, None, url)
             if not allow_incomplete:
                 raise IncompleteBackupError(
                     f"{url} has no {MANIFEST}: the backup is incomplete (interrupted or still running). "
                     "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds."
                 )
             return cls(fs, path, None, url, storage_options)
-        return cls(fs, path, cls.parse_manifest(raw, f"{path}/{MANIFEST}"), url, storage_options)
+        manifest = cls.parse_manifest(raw, f"{path}/{MANIFEST}")
+        check_commit_state(fs, path, manifest, url)  # a newer commit claimed: never read a mix
+        return cls(fs, path, manifest, url, storage_options)
 
     @classmethod
     def parse_manifest(cls, raw: bytes, path: str) -> Any:

@@ -1,14 +1,77 @@
-"""Publishing files atomically: readers see the whole file or nothing."""
+"""Storage primitives of the commit protocol: atomic puts, create-only puts, commit state.
+
+The protocol itself (staging, commit records, roll forward) is in :mod:`fsspec_kbs.store.txn`;
+this module holds what every store must provide for it, in one place, and the cheap check a
+reader runs when it opens a backup.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import threading
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from fsspec_kbs.errors import CommitInProgressError, UnsupportedStoreError
+
+#: Numbered commit records, ``_commits/NNNNNNNN.json``, each created exactly once.
+COMMITS_DIR = "_commits"
+#: Per-transaction staging directories, ``_staging/<txn-id>/``.
+STAGING_DIR = "_staging"
+#: The manifest field naming the commit it publishes: ``{"version": n, "txn": "..."}``.
+COMMIT_FIELD = "commit"
+_RECORD = re.compile(r"(\d{8,})\.json")
+
+#: fsspec protocols whose ``pipe_file(..., mode="create")`` is a conditional create that fails
+#: when the object exists (s3: If-None-Match: *, gcs: ifGenerationMatch=0, azure: overwrite=False).
+#: Local files and memory:// are handled here without the store's help.
+CREATE_ONLY_PROTOCOLS = frozenset({"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+# memory:// checks existence and then stores: threads must not interleave the two.
+_MEMORY_LOCK = threading.Lock()
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> set[str]:
+    proto = fs.protocol
+    return {proto} if isinstance(proto, str) else set(proto)
+
+
+def require_create_only(fs: fsspec.AbstractFileSystem, url: str) -> None:
+    """Refuse a filesystem on which a create-only write is not known to be atomic.
+
+    Without it two writers could both "win" a commit number; failing loudly is better
+    than racing silently.
+    """
+    if isinstance(fs, LocalFileSystem) or _protocols(fs) & CREATE_ONLY_PROTOCOLS:
+        return
+    raise UnsupportedStoreError(
+        f"cannot commit to {url}: filesystem {type(fs).__name__} ({fs.protocol}) is not known to support "
+        "create-only (conditional) writes, so concurrent commits could overwrite each other. "
+        f"Supported: local files, memory://, s3://, gs://, az:// (see docs/format-decisions.md, Commit protocol)")
+
+
+def _fsync_dir(directory: str) -> None:
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _write_local_tmp(local: str, data: bytes) -> str:
+    directory = os.path.dirname(local)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(local)}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
 
 
 def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -20,27 +83,50 @@ def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """
     if isinstance(fs, LocalFileSystem):
         local = fs._strip_protocol(path)
-        directory = os.path.dirname(local)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(local)}.{uuid.uuid4().hex}.tmp")
+        tmp = _write_local_tmp(local, data)
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, local)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(os.path.dirname(local))
         return
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     fs.pipe_file(path, data)
+
+
+def put_create(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Create ``path`` holding ``data`` only if it does not exist yet, atomically.
+
+    Raises :class:`FileExistsError` when it exists (another writer won). Local disks: a
+    fsynced temporary file hard-linked to the final name (``link`` fails if the name exists),
+    then the directory fsynced. Object stores: a conditional PUT (``mode="create"``).
+    """
+    if isinstance(fs, LocalFileSystem):
+        local = fs._strip_protocol(path)
+        tmp = _write_local_tmp(local, data)
+        try:
+            os.link(tmp, local)
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(os.path.dirname(local))
+        return
+    require_create_only(fs, path)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if "memory" in _protocols(fs):
+        with _MEMORY_LOCK:
+            fs.pipe_file(path, data, mode="create")
+        return
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        raise
+    except OSError as e:
+        # A store whose fsspec driver reports the failed precondition as another error.
+        if "precondition" in str(e).lower() or "exists" in str(e).lower():
+            raise FileExistsError(path) from e
+        raise
 
 
 def put_file(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -53,3 +139,63 @@ def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(path)
+
+
+# -- commit state ---------------------------------------------------------------------------------
+def record_name(version: int) -> str:
+    return f"{version:08d}.json"
+
+
+def record_path(backup: str, version: int) -> str:
+    """``<backup>/_commits/NNNNNNNN.json``: the record claiming commit ``version``."""
+    return f"{backup}/{COMMITS_DIR}/{record_name(version)}"
+
+
+def manifest_commit(manifest: Any) -> int:
+    """The commit number a parsed manifest publishes; -1 for one written before commit records.
+
+    Takes a :class:`~fsspec_kbs.store.manifest.Manifest` (the field is in ``extra``) or a plain
+    dict (an oso-native manifest).
+    """
+    doc = manifest.extra if hasattr(manifest, "extra") else manifest
+    info = doc.get(COMMIT_FIELD) if isinstance(doc, dict) else None
+    version = info.get("version") if isinstance(info, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else -1
+
+
+def list_records(fs: fsspec.AbstractFileSystem, backup: str) -> list[int]:
+    """Commit numbers recorded under ``_commits/`` (one listing), ascending."""
+    try:
+        names = fs.ls(f"{backup}/{COMMITS_DIR}", detail=False)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _RECORD.fullmatch(name.rstrip("/").rsplit("/", 1)[-1])
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def _in_progress(url: str, version: int) -> CommitInProgressError:
+    return CommitInProgressError(
+        f"{url}: commit {version} in progress or interrupted; readers see neither the old nor the new "
+        f"backup until it is published. Wait, or run `kbs repair {url}` to finish it")
+
+
+def check_commit_state(fs: fsspec.AbstractFileSystem, path: str, manifest: Any, url: str | None = None) -> None:
+    """Raise :class:`CommitInProgressError` if a commit newer than ``manifest`` was claimed.
+
+    One ``exists()`` of ``_commits/<n+1>`` with ``n`` the manifest's commit number; without a
+    manifest (``manifest`` None) one listing of ``_commits/``: any record there means an
+    overwrite is being applied (it removes the old manifest first).
+    """
+    url = url or path
+    if manifest is None:
+        records = list_records(fs, path)
+        if records:
+            raise _in_progress(url, records[-1])
+        return
+    n = manifest_commit(manifest)
+    if fs.exists(record_path(path, n + 1)):
+        raise _in_progress(url, n + 1)
