@@ -26,7 +26,7 @@ COMMITS_DIR = "_commits"
 STAGING_DIR = "_staging"
 #: The manifest field naming the commit it publishes: ``{"version": n, "txn": "..."}``.
 COMMIT_FIELD = "commit"
-_RECORD = re.compile(r"(\d{8,})\.json")
+_ENTRY = re.compile(r"(\d{8,})\.(json|done)")
 
 #: fsspec protocols whose ``pipe_file(..., mode="create")`` is a conditional create that fails
 #: when the object exists (s3: If-None-Match: *, gcs: ifGenerationMatch=0, azure: overwrite=False).
@@ -163,18 +163,27 @@ def manifest_commit(manifest: Any) -> int:
     return version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else -1
 
 
-def list_records(fs: fsspec.AbstractFileSystem, backup: str) -> list[int]:
-    """Commit numbers recorded under ``_commits/`` (one listing), ascending."""
+def done_path(backup: str, version: int) -> str:
+    """``_commits/NNNNNNNN.done``: marks a published commit whose manifest cannot carry the
+    ``commit`` field (the oso-native layout, whose manifest must stay the tool's)."""
+    return f"{backup}/{COMMITS_DIR}/{version:08d}.done"
+
+
+def list_records(fs: fsspec.AbstractFileSystem, backup: str) -> tuple[list[int], set[int]]:
+    """Commit numbers recorded under ``_commits/`` (ascending) and those marked done (one listing)."""
     try:
         names = fs.ls(f"{backup}/{COMMITS_DIR}", detail=False)
     except FileNotFoundError:
-        return []
-    out = []
+        return [], set()
+    records: list[int] = []
+    done: set[int] = set()
     for name in names:
-        m = _RECORD.fullmatch(name.rstrip("/").rsplit("/", 1)[-1])
-        if m:
-            out.append(int(m.group(1)))
-    return sorted(out)
+        m = _ENTRY.fullmatch(name.rstrip("/").rsplit("/", 1)[-1])
+        if m and m.group(2) == "json":
+            records.append(int(m.group(1)))
+        elif m:
+            done.add(int(m.group(1)))
+    return sorted(records), done
 
 
 def _in_progress(url: str, version: int) -> CommitInProgressError:
@@ -186,16 +195,18 @@ def _in_progress(url: str, version: int) -> CommitInProgressError:
 def check_commit_state(fs: fsspec.AbstractFileSystem, path: str, manifest: Any, url: str | None = None) -> None:
     """Raise :class:`CommitInProgressError` if a commit newer than ``manifest`` was claimed.
 
-    One ``exists()`` of ``_commits/<n+1>`` with ``n`` the manifest's commit number; without a
-    manifest (``manifest`` None) one listing of ``_commits/``: any record there means an
-    overwrite is being applied (it removes the old manifest first).
+    One ``exists()`` of ``_commits/<n+1>`` with ``n`` the manifest's commit number. Without
+    a manifest (``manifest`` None) one listing of ``_commits/``: any record there means an
+    overwrite is being applied (it removes the old manifest first). A manifest without the
+    field: one listing too, the latest record must be marked done.
     """
     url = url or path
-    if manifest is None:
-        records = list_records(fs, path)
-        if records:
-            raise _in_progress(url, records[-1])
+    n = -1 if manifest is None else manifest_commit(manifest)
+    if n >= 0:
+        if fs.exists(record_path(path, n + 1)):
+            raise _in_progress(url, n + 1)
         return
-    n = manifest_commit(manifest)
-    if fs.exists(record_path(path, n + 1)):
-        raise _in_progress(url, n + 1)
+    # No manifest, or one without the field (written before commit records, or oso-native).
+    records, done = list_records(fs, path)
+    if records and (manifest is None or records[-1] not in done):
+        raise _in_progress(url, records[-1])

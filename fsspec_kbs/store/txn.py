@@ -33,6 +33,7 @@ from fsspec_kbs.errors import CommitConflictError, CommitError, ManifestError
 from fsspec_kbs.store.commit import (
     COMMIT_FIELD,
     STAGING_DIR,
+    done_path,
     list_records,
     manifest_commit,
     put_atomic,
@@ -113,13 +114,17 @@ def load_state(fs: fsspec.AbstractFileSystem, path: str, fault: FaultHook | None
         doc = None
     except ValueError as e:
         raise ManifestError(f"not valid JSON: {e}", f"{path}/{MANIFEST}") from e
-    if doc is None:
-        records = list_records(fs, path)
+    published = manifest_commit(doc) if doc is not None else -1
+    if published < 0:
+        # No manifest, or one without the commit field (older writers, oso-native layout).
+        records, done = list_records(fs, path)
         if not records:
-            return BackupState(-1, None)
+            return BackupState(-1, doc)
         latest = records[-1]
+        if doc is not None and latest in done:
+            return BackupState(latest, doc)
     else:
-        published = latest = manifest_commit(doc)
+        latest = published
         # Normally at most one claimed, unpublished record; a stale publisher may leave more.
         while fs.exists(record_path(path, latest + 1)):
             latest += 1
@@ -252,6 +257,8 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
     fault("deleted")
     if not _superseded(fs, path, record):
         put_atomic(fs, f"{path}/{MANIFEST}", (json.dumps(record.manifest, indent=2) + "\n").encode("utf-8"))
+        if COMMIT_FIELD not in record.manifest:
+            put_atomic(fs, done_path(path, record.version), b"")
     fault("published")
     if record.staging:
         with contextlib.suppress(FileNotFoundError):
@@ -280,11 +287,15 @@ class Transaction:
         Names the staging directory ``_staging/<txn-id>/``; a resumed writer passes its own.
     fault : callable, optional
         Called with the name of each commit step (crash injection in tests).
+    tag_manifest : bool, default True
+        Record the commit in the manifest (``"commit": {"version", "txn"}``); layouts whose
+        manifest must stay as another tool writes it (oso-native) get ``_commits/N.done``.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, mode: str,
-                 txn_id: str | None = None, fault: FaultHook | None = None) -> None:
+                 txn_id: str | None = None, fault: FaultHook | None = None, tag_manifest: bool = True) -> None:
         require_create_only(fs, url)
+        self.tag_manifest = tag_manifest
         self.fs, self.path, self.url, self.mode = fs, path.rstrip("/"), url, mode
         self.txn_id = txn_id or uuid.uuid4().hex
         self.fault = fault
@@ -357,7 +368,8 @@ class Transaction:
                 self._conflict(str(e))
             version = state.version + 1
             kind = self._kind(state)
-            manifest = {**manifest, COMMIT_FIELD: {"version": version, "txn": self.txn_id}}
+            if self.tag_manifest:
+                manifest = {**manifest, COMMIT_FIELD: {"version": version, "txn": self.txn_id}}
             delete: list[str] = []
             if kind == "overwrite":
                 keep = {m.dst for m in moves}

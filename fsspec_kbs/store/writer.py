@@ -231,6 +231,11 @@ class BackupWriter:
         return None if self._txn is None else self._txn.txn_id
 
     @property
+    def claimed(self) -> bool:
+        """True once this writer's commit record exists (its staged files belong to it now)."""
+        return self._txn is not None and self._txn.record is not None
+
+    @property
     def staging(self) -> str:
         """Where this writer puts its segments before the commit (a path on ``fs``)."""
         return self._root
