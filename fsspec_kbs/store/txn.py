@@ -94,6 +94,10 @@ class BackupState:
 
     version: int
     manifest: dict | None
+    #: The commit this load rolled forward (another writer's, claimed but not published).
+    rolled_forward: int | None = None
+    #: Files that roll forward moved into place.
+    moved: int = 0
 
 
 def read_record(fs: fsspec.AbstractFileSystem, path: str, version: int) -> CommitRecord:
@@ -131,8 +135,8 @@ def load_state(fs: fsspec.AbstractFileSystem, path: str, fault: FaultHook | None
         if latest == published:
             return BackupState(published, doc)
     record = read_record(fs, path, latest)
-    roll_forward(fs, path, record, fault)
-    return BackupState(record.version, record.manifest)
+    moved = roll_forward(fs, path, record, fault)
+    return BackupState(record.version, record.manifest, record.version, len(moved))
 
 
 # -- applying a record ----------------------------------------------------------------------------
@@ -205,12 +209,9 @@ def _prune_empty_dirs(fs: fsspec.AbstractFileSystem, root: str) -> None:
     if not isinstance(fs, LocalFileSystem):
         return
     top = fs._strip_protocol(root)
-    for d, subdirs, files in os.walk(top, topdown=False):
-        if not subdirs and not files:
-            with contextlib.suppress(OSError):  # not empty any more: another writer is at work
-                os.rmdir(d)
-        elif d != top and not os.listdir(d):
-            with contextlib.suppress(OSError):
+    for d, _subdirs, _files in os.walk(top, topdown=False):
+        with contextlib.suppress(OSError):  # not empty (another writer is at work) or gone
+            if not os.listdir(d):
                 os.rmdir(d)
 
 
@@ -402,3 +403,52 @@ class Transaction:
 def json_of(manifest: Any) -> dict:
     """A manifest (anything with ``to_json()``) as a JSON object for a commit record."""
     return json.loads(manifest.to_json())
+
+
+# -- repair ---------------------------------------------------------------------------------------
+@dataclass
+class RepairReport:
+    """What :func:`repair` did."""
+
+    url: str
+    #: Commit number now published (-1: none, or a backup from before commit records).
+    version: int
+    #: The commit rolled forward, if one was pending.
+    rolled_forward: int | None = None
+    moved: int = 0
+    #: Staging directories removed (with ``clean_staging``).
+    staging_removed: list[str] = field(default_factory=list)
+    complete: bool = False
+
+
+def repair(url: str, storage_options: dict | None = None, *, clean_staging: bool = False,
+           fs: fsspec.AbstractFileSystem | None = None) -> RepairReport:
+    """Finish a commit that was claimed but not published (its writer died or is slow).
+
+    Parameters
+    ----------
+    url : str
+        The backup directory.
+    clean_staging : bool, default False
+        Also delete ``_staging/``: files of writers that died before claiming a commit.
+        Only when no writer is running on this backup (a running one would lose its work).
+    """
+    from fsspec_kbs.store.backup import resolve
+
+    fs, path = resolve(url, storage_options, fs)
+    require_create_only(fs, url)
+    state = load_state(fs, path)
+    report = RepairReport(url, state.version, state.rolled_forward, state.moved,
+                          complete=state.manifest is not None)
+    if clean_staging:
+        try:
+            entries = fs.ls(f"{path}/{STAGING_DIR}", detail=False)
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(entry, recursive=True)
+            report.staging_removed.append(entry.rstrip("/").rsplit("/", 1)[-1])
+        _prune_empty_dirs(fs, f"{path}/{STAGING_DIR}")
+        fs.invalidate_cache(path)
+    return report
