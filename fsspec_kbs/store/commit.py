@@ -122,9 +122,11 @@ def put_create(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         fs.pipe_file(path, data, mode="create")
     except FileExistsError:
         raise
-    except OSError as e:
-        # A store whose fsspec driver reports the failed precondition as another error.
-        if "precondition" in str(e).lower() or "exists" in str(e).lower():
+    except Exception as e:
+        # Drivers that report the failed precondition otherwise (adlfs may pass azure-core's
+        # ResourceExistsError through; some report HTTP 412 as a plain OSError).
+        text = f"{type(e).__name__} {e}".lower()
+        if "resourceexists" in text or "precondition" in text or "already exists" in text:
             raise FileExistsError(path) from e
         raise
 
