@@ -143,6 +143,21 @@ def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> None:
             fs.rm_file(path)
 
 
+def invalidate_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Forget cached listings of ``path`` and everything below it.
+
+    ``invalidate_cache(path)`` of s3fs and gcsfs drops ``path`` and its parents only; a
+    cached ``topics/<t>/<p>`` listing from before another process's commit would make its
+    new segments look missing.
+    """
+    fs.invalidate_cache(path)
+    cache = getattr(fs, "dircache", None)
+    if cache:
+        prefix = fs._strip_protocol(path).rstrip("/") + "/"
+        for key in [k for k in list(cache) if k.startswith(prefix)]:
+            cache.pop(key, None)
+
+
 # -- commit state ---------------------------------------------------------------------------------
 def record_name(version: int) -> str:
     return f"{version:08d}.json"
@@ -203,6 +218,9 @@ def check_commit_state(fs: fsspec.AbstractFileSystem, path: str, manifest: Any, 
     field: one listing too, the latest record must be marked done.
     """
     url = url or path
+    # Listings cached by this process (s3fs, gcsfs) predate any commit another process made
+    # since: the segments the manifest names must not look missing.
+    invalidate_tree(fs, path)
     n = -1 if manifest is None else manifest_commit(manifest)
     if n >= 0:
         if fs.exists(record_path(path, n + 1)):

@@ -34,6 +34,7 @@ from fsspec_kbs.store.commit import (
     COMMIT_FIELD,
     STAGING_DIR,
     done_path,
+    invalidate_tree,
     list_records,
     manifest_commit,
     put_atomic,
@@ -111,7 +112,7 @@ def _noop(step: str) -> None:
 
 def load_state(fs: fsspec.AbstractFileSystem, path: str, fault: FaultHook | None = None) -> BackupState:
     """The published state of the backup at ``path``, after rolling forward a pending commit."""
-    fs.invalidate_cache(path)
+    invalidate_tree(fs, path)
     try:
         doc: dict | None = json.loads(fs.cat_file(f"{path}/{MANIFEST}"))
     except FileNotFoundError:
@@ -231,7 +232,7 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(f"{path}/{MANIFEST}")
         fault("manifest-removed")
-    fs.invalidate_cache(path)
+    invalidate_tree(fs, path)
     sizes = _sizes(fs, f"{path}/{TOPICS_DIR}")
     todo = [m for m in record.moves if not _in_place(fs, f"{path}/{m.dst}", m, sizes)]
     for m in todo:
@@ -240,7 +241,7 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
                               f"{record.version} (size {m.size}, crc64 {m.crc64})")
     _move_files(fs, [(f"{path}/{m.src}", f"{path}/{m.dst}") for m in todo])
     fault("moved")
-    fs.invalidate_cache(path)
+    invalidate_tree(fs, path)
     if todo:
         sizes = _sizes(fs, f"{path}/{TOPICS_DIR}")
         for m in todo:
@@ -265,7 +266,7 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
         with contextlib.suppress(FileNotFoundError):
             fs.rm(f"{path}/{record.staging}", recursive=True)
         _prune_empty_dirs(fs, f"{path}/{STAGING_DIR}")
-    fs.invalidate_cache(path)
+    invalidate_tree(fs, path)
     return todo
 
 
@@ -397,7 +398,7 @@ class Transaction:
         self._done = True
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.staging, recursive=True)
-        self.fs.invalidate_cache(self.path)
+        invalidate_tree(self.fs, self.path)
 
 
 def json_of(manifest: Any) -> dict:
@@ -450,5 +451,5 @@ def repair(url: str, storage_options: dict | None = None, *, clean_staging: bool
                 fs.rm(entry, recursive=True)
             report.staging_removed.append(entry.rstrip("/").rsplit("/", 1)[-1])
         _prune_empty_dirs(fs, f"{path}/{STAGING_DIR}")
-        fs.invalidate_cache(path)
+        invalidate_tree(fs, path)
     return report
