@@ -26,7 +26,7 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from fsspec_kbs.arrow.convert import check_header_keys
-from fsspec_kbs.errors import CommitConflictError, KbsError
+from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.oso import (
     OSO_CODEC_NAMES,
@@ -37,14 +37,14 @@ from fsspec_kbs.format.oso import (
 )
 from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import resolve
-from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
+from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.names import (
-    MANIFEST,
     TOPICS_DIR,
     check_backup_id,
     check_partition,
     check_topic,
 )
+from fsspec_kbs.store.txn import FaultHook, Move, Transaction
 from fsspec_kbs.store.writer import check_offsets
 
 LAYOUTS = ("kbs", "oso")
@@ -89,7 +89,8 @@ class _Pending:
 
 
 class OsoBackupWriter:
-    """Writes one backup in the OSO kafka-backup tool's layout; the manifest last, atomically.
+    """Writes one backup in the OSO kafka-backup tool's layout, committed like every writer
+    (:mod:`fsspec_kbs.store.txn`): segments staged, then one commit record, then the manifest.
 
     Parameters
     ----------
@@ -112,7 +113,7 @@ class OsoBackupWriter:
                  segment_max_records: int | None = None, overwrite: bool = False,
                  created_at: int | None = None, source_cluster_id: str | None = None,
                  source_brokers: list[str] | None = None,
-                 fs: fsspec.AbstractFileSystem | None = None) -> None:
+                 fs: fsspec.AbstractFileSystem | None = None, fault: FaultHook | None = None) -> None:
         if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
             raise ValueError("segment_max_bytes and segment_max_records must be positive")
         self.fs, self.path = resolve(url, storage_options, fs)
@@ -127,17 +128,11 @@ class OsoBackupWriter:
         self.source_brokers = list(source_brokers or [])
         self._parts: dict[tuple[str, int], _Pending] = {}
         self._written: list[str] = []
+        self._moves: list[Move] = []
         self._closed = False
-        mpath = f"{self.path}/{MANIFEST}"
-        if self.fs.exists(mpath) or self.fs.exists(f"{self.path}/{TOPICS_DIR}"):
-            if not overwrite:
-                raise CommitConflictError(f"a backup already exists at {url}; pass overwrite=True to replace it")
-            # Manifest first: an interrupted overwrite leaves an incomplete backup, never a
-            # manifest pointing at replaced segments.
-            if self.fs.exists(mpath):
-                self.fs.rm_file(mpath)
-            if self.fs.exists(f"{self.path}/{TOPICS_DIR}"):
-                self.fs.rm(f"{self.path}/{TOPICS_DIR}", recursive=True)
+        # The oso-native manifest must stay exactly the tool's: the commit is marked beside it.
+        self._txn = Transaction(self.fs, self.path, url, "overwrite" if overwrite else "error", fault=fault,
+                                tag_manifest=False)
 
     def write_columns(self, topic: str, partition: int, cols: RecordColumns) -> None:
         """Append records to a partition; offsets must strictly increase."""
@@ -177,9 +172,10 @@ class OsoBackupWriter:
         raw = b"".join(part.chunks)
         data = assemble(self.codec, raw, part.count, part.start_offset, part.end_offset, self.level)
         rel = f"{TOPICS_DIR}/{topic}/partition={partition}/{segment_file_name(part.start_offset, self.codec)}"
-        path = f"{self.path}/{rel}"
+        path = f"{self._txn.staging}/{rel}"
         put_file(self.fs, path, data)
         self._written.append(path)
+        self._moves.append(Move(self._txn.relative(path), rel, len(data)))
         part.segments.append({
             "key": f"{self.backup_id}/{rel}",
             "start_offset": part.start_offset,
@@ -215,22 +211,22 @@ class OsoBackupWriter:
         }
 
     def commit(self) -> dict[str, Any]:
-        """Write pending segments, then ``manifest.json`` in one atomic put."""
-        import json
-
+        """Write pending segments, then commit them and ``manifest.json`` (:mod:`fsspec_kbs.store.txn`)."""
         self._check_open()
         self.flush()
         manifest = self.build_manifest()
-        put_atomic(self.fs, f"{self.path}/{MANIFEST}", json.dumps(manifest, indent=2).encode("utf-8"))
-        self._closed = True
+        try:
+            self._txn.commit(lambda state: (manifest, list(self._moves)))
+        finally:
+            self._closed = True
         return manifest
 
     def abort(self) -> None:
-        """Delete the segments this writer wrote (no manifest was written)."""
+        """Delete what this writer staged (no manifest was written)."""
         if self._closed:
             return
         self._closed = True
-        remove_files(self.fs, self._written)
+        self._txn.abort()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -127,3 +127,18 @@ class BatchIndexError(SegmentMismatchError):
 class BatchIndexDamagedError(BatchIndexError):
     """A batch index that cannot be used: its CRC-32s do not match (damage) or its version is
     unknown. Readers read the segment without it; ``validate`` reports it."""
+
+
+class CommitInProgressError(KbsError, RuntimeError):
+    """A commit was claimed but is not yet published: in progress, or its writer died.
+
+    ``kbs repair URL`` (or :func:`fsspec_kbs.store.txn.repair`) rolls it forward.
+    """
+
+
+class CommitError(KbsError, RuntimeError):
+    """A commit record cannot be applied (a staged file it names is missing or damaged)."""
+
+
+class UnsupportedStoreError(KbsError, NotImplementedError):
+    """The filesystem offers no create-only (conditional) write, so commits could race."""

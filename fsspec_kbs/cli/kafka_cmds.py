@@ -88,9 +88,10 @@ def _client_config(bootstrap: str | None, config_file: str | None, pairs: tuple[
 
 def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
     from fsspec_kbs.kafka.backup import default_backup_id
+    from fsspec_kbs.store.names import backup_path
 
     bid = backup_id or default_backup_id()
-    return f"{to.rstrip('/')}/{bid}", bid
+    return backup_path(to, bid), bid  # checks the id before any broker is contacted
 
 
 @click.command("backup")

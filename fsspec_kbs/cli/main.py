@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "fsspec_kbs.cli.log_cmds",
     "fsspec_kbs.cli.convert_cmds",
     "fsspec_kbs.cli.kafka_cmds",
+    "fsspec_kbs.cli.repair_cmds",
 )
 
 

@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import os
 import re
 import time
+import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from fsspec_kbs.store import (
     WrittenSegment,
     open_backup,
 )
-from fsspec_kbs.store.commit import put_atomic
+from fsspec_kbs.store.commit import STAGING_DIR, put_atomic
 from fsspec_kbs.store.manifest import utc_now_iso
 from fsspec_kbs.store.names import (
     CHECKPOINT,
@@ -49,6 +50,8 @@ from fsspec_kbs.store.names import (
 THROTTLE_ENV = "KBS_TEST_BACKUP_THROTTLE"
 #: Key of our own planning data inside checkpoint.json (extra fields are allowed there).
 PLAN_KEY = "kbs_backup_plan"
+#: Key of the writer's transaction id in checkpoint.json: a resumed run continues its staging.
+TXN_KEY = "kbs_backup_txn"
 
 ProgressFn = Callable[[int, int], None]
 
@@ -222,11 +225,11 @@ def select_topics(all_topics: list[str], patterns: list[str], include_internal: 
 class _Checkpointer:
     """Keeps checkpoint.json in step with the writer's durable segments."""
 
-    def __init__(self, fs: Any, path: str, backup_id: str, plan: dict,
+    def __init__(self, fs: Any, path: str, backup_id: str, plan: dict, txn_id: str,
                  topics: dict[str, dict[int, PartitionProgress]] | None = None) -> None:
         self.fs = fs
         self.path = f"{path}/{CHECKPOINT}"
-        self.ck = Checkpoint(backup_id, utc_now_iso(), topics or {}, {PLAN_KEY: plan})
+        self.ck = Checkpoint(backup_id, utc_now_iso(), topics or {}, {PLAN_KEY: plan, TXN_KEY: txn_id})
         self.segments = 0
 
     def write(self) -> None:
@@ -243,7 +246,9 @@ class _Checkpointer:
 
 
 def _drop_uncovered(fs: Any, path: str, ck: Checkpoint) -> int:
-    """Delete segment (and stray temp) files the checkpoint does not vouch for; returns the count."""
+    """Delete segment (and stray temp) files under ``path/topics`` the checkpoint does not vouch
+    for; returns the count. ``path`` is the run's staging directory (or, for a run of an older
+    version, the backup itself)."""
     root = f"{path}/{TOPICS_DIR}"
     try:
         files = fs.find(root)
@@ -415,17 +420,21 @@ def run_backup(
 
             groups = read_group_offsets(fs, path) or []
 
+        # The run's segments are staged under _staging/<txn>/ and committed at the end; a
+        # resumed run continues the same transaction (older runs wrote in place: no txn id).
+        txn_id = str(ck_old.extra.get(TXN_KEY) or uuid.uuid4().hex) if ck_old is not None else uuid.uuid4().hex
         if ck_old is not None:
             _drop_uncovered(fs, path, ck_old)
-            ckp = _Checkpointer(fs, path, backup_id, plan, ck_old.topics)
+            _drop_uncovered(fs, f"{path}/{STAGING_DIR}/{txn_id}", ck_old)
+            ckp = _Checkpointer(fs, path, backup_id, plan, txn_id, ck_old.topics)
         else:
-            ckp = _Checkpointer(fs, path, backup_id, plan)
+            ckp = _Checkpointer(fs, path, backup_id, plan, txn_id)
         ckp.write()  # the plan is durable before any segment exists
 
         writer = BackupWriter(
             path, fs=fs, compression=compression, level=level,
             segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
-            mode="resume" if ck_old is not None else "error",
+            mode="resume" if ck_old is not None else "error", txn_id=txn_id,
             source_cluster=plan.get("source_cluster", source_cluster), on_segment=ckp.on_segment,
         )
         positions = {}

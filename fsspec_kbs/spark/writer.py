@@ -6,9 +6,11 @@ Protocol (see docs/spark.md, "How writes commit"):
    partition already in the backup.
 2. Each task encodes its rows into segments under ``<backup>/_staging/<job>/<task-uuid>/``
    and returns a :class:`KbsCommitMessage` listing them (plain data, picklable).
-3. ``commit()`` (driver) moves the staged segments to ``topics/<t>/<p>/segment-NNNNNNNN.kbs``
-   in offset order, rewriting the ones whose provisional offsets must be shifted, then
-   writes ``manifest.json`` last, atomically, and deletes the staging directory.
+3. ``commit()`` (driver) plans the staged segments' final names ``topics/<t>/<p>/segment-NNNNNNNN.kbs``
+   in offset order, rewriting the ones whose provisional offsets must be shifted, and commits
+   them with the protocol of :mod:`fsspec_kbs.store.txn` (transaction id = job id): one
+   create-only commit record, then one batched move, then ``manifest.json``. A driver dying
+   mid-commit leaves the record; the next writer or ``kbs repair`` finishes it.
 4. ``abort()`` deletes the staging directory; a failed job never writes a manifest.
 """
 
@@ -35,8 +37,9 @@ from fsspec_kbs.format import SegmentStats
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.store import BackupWriter, open_backup
 from fsspec_kbs.store.commit import put_atomic
-from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR
+from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, check_backup_id
 from fsspec_kbs.store.staging import SegmentAdopter
+from fsspec_kbs.store.txn import FaultHook
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -78,9 +81,14 @@ class KbsWriter(DataSourceArrowWriter):
     """
 
     def __init__(self, options: KbsOptions, overwrite: bool) -> None:
+        # Before anything is written (the abort marker goes to <path>/_staging): a path such
+        # as ROOT/.. must not make this job write into ROOT's parent.
+        check_backup_id(options.path.rstrip("/").rsplit("/", 1)[-1])
         self.options = options
         self.overwrite = overwrite
         self.job_id = uuid.uuid4().hex
+        #: Crash injection for tests: called with the name of each commit step on the driver.
+        self.fault: FaultHook | None = None
         self.base_last: dict[str, int] = {}
         self.compression = options.compression
         if not overwrite:
@@ -128,7 +136,7 @@ class KbsWriter(DataSourceArrowWriter):
         task_index = ctx.partitionId() if ctx is not None else 0
         task_id = uuid.uuid4().hex
         o = self.options
-        staged = BackupWriter(f"{self.staging_url}/{task_id}", o.storage_options, mode="error",
+        staged = BackupWriter(f"{self.staging_url}/{task_id}", o.storage_options, stage_only=True,
                               **self._writer_kwargs())
         next_offset: dict[str, int] = {}
         assigned: set[str] = set()
@@ -197,10 +205,11 @@ class KbsWriter(DataSourceArrowWriter):
         msgs.sort(key=lambda m: m.task_index)
         # Check the whole plan before touching the backup: an overwrite deletes the old one.
         plan = _plan(msgs)
-        fs, path = url_to_fs(o.path, **o.storage_options)
-        exists = fs.exists(f"{path.rstrip('/')}/{MANIFEST}")
-        mode = "overwrite" if self.overwrite else ("append" if exists else "error")
-        adopter = SegmentAdopter(o.path, o.storage_options, mode=mode, **self._writer_kwargs())
+        # Append to a missing backup creates it; the commit record's base decides the rest.
+        mode = "overwrite" if self.overwrite else "append"
+        adopter = SegmentAdopter(o.path, o.storage_options, mode=mode, txn_id=self.job_id,
+                                 fault=self.fault, **self._writer_kwargs())
+        claimed = False
         try:
             for (topic, partition), assigned, items in plan:
                 if assigned:
@@ -209,13 +218,20 @@ class KbsWriter(DataSourceArrowWriter):
                 for _, seg in items:
                     # Raises OffsetOrderError when an append would make offsets go backwards.
                     adopter.adopt_segment(topic, partition, seg["path"], _stats(seg))
-            adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
+            try:
+                adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
+            finally:
+                claimed = adopter.claimed
             log.info("kbs: committed %d task(s) to %s", len(msgs), o.path)
         except BaseException:
+            if claimed:
+                # The commit record exists: its staged files must stay for the roll forward.
+                log.error("kbs: commit to %s claimed but not finished; run `kbs repair %s`", o.path, o.path)
+                raise
             adopter.abort()
-            raise
-        finally:
             self._remove_staging()
+            raise
+        self._remove_staging()
 
     def _commit_assigned(self, adopter: SegmentAdopter, topic: str, partition: int,
                          items: list[tuple[KbsCommitMessage, dict]]) -> None:

@@ -32,6 +32,7 @@ from fsspec_kbs.format import (
 from fsspec_kbs.format.batch_index import BatchIndex
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES
 from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
+from fsspec_kbs.store.commit import COMMITS_DIR, manifest_commit, record_path
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
     MANIFEST,
@@ -217,18 +218,24 @@ class KbsBackup:
     def from_storage(cls, fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None, url: str,
                      storage_options: dict | None = None, allow_incomplete: bool = False) -> KbsBackup:
         """Build from manifest bytes already read (None: no manifest there)."""
+        from fsspec_kbs.store.commit import check_commit_state
+
         if cls.check_id:
             check_backup_id(path.rsplit("/", 1)[-1])
         if raw is None:
             if not fs.exists(path):
                 raise BackupNotFoundError(f"no backup at {url}")
+            # No manifest but a claimed commit: an overwrite being applied, not an incomplete backup.
+            check_commit_state(fs, path, None, url)
             if not allow_incomplete:
                 raise IncompleteBackupError(
                     f"{url} has no {MANIFEST}: the backup is incomplete (interrupted or still running). "
                     "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds."
                 )
             return cls(fs, path, None, url, storage_options, allow_incomplete)
-        return cls(fs, path, cls.parse_manifest(raw, f"{path}/{MANIFEST}"), url, storage_options, allow_incomplete)
+        manifest = cls.parse_manifest(raw, f"{path}/{MANIFEST}")
+        check_commit_state(fs, path, manifest, url)  # a newer commit claimed: never read a mix
+        return cls(fs, path, manifest, url, storage_options, allow_incomplete)
 
     @classmethod
     def parse_manifest(cls, raw: bytes, path: str) -> Any:
@@ -263,19 +270,41 @@ class KbsBackup:
             if (topic, partition, seq) not in stored:
                 raise segment_missing(SegmentRef(topic, partition, seq, self._segment_path(topic, partition, seq)))
         extra = sorted(set(stored) - set(listed))
-        if extra:
+        if extra and not self._appended_by_pending_commit(extra):
             topic, partition, seq = extra[0]
             raise ManifestMismatchError(
                 f"{self._segment_path(topic, partition, seq)} is stored but the manifest does not list it "
                 f"({len(extra)} such file(s)): the manifest does not describe what the backup holds "
-                "(an edited or stale manifest, or a commit in progress)", f"{self.path}/{MANIFEST}")
+                "(an edited or stale manifest)", f"{self.path}/{MANIFEST}")
+        return self.manifest_segments(sizes=stored)
+
+    def _appended_by_pending_commit(self, extra: list[tuple[str, int, int]]) -> bool:
+        """Files past the manifest's segments, while a newer commit is claimed: an append
+        being applied (its files land before its manifest), which leaves this manifest's
+        backup whole and readable."""
+        assert self.manifest is not None
+        counts = {(t.name, p.partition): p.segments for t in self.manifest.topics for p in t.partitions}
+        if any(seq < counts.get((topic, partition), 0) for topic, partition, seq in extra):
+            return False
+        n = manifest_commit(self.manifest)
+        self.fs.invalidate_cache(f"{self.path}/{COMMITS_DIR}")
+        return n >= 0 and bool(self.fs.exists(record_path(self.path, n + 1)))
+
+    def manifest_segments(self, sizes: dict[tuple[str, int, int], int | None] | None = None) -> list[SegmentRef]:
+        """The segments the manifest names, as it describes them (1.0: probed from their
+        headers and footers), without comparing them with a listing of the store. ``sizes``:
+        file sizes already listed, for the probes."""
+        assert self.manifest is not None
+        listed = [(t.name, p.partition, seq) for t in self.manifest.topics for p in t.partitions
+                  for seq in range(p.segments)]
+        stored = sizes or {}
         if self.manifest.has_index:
             return self._from_index()
-        refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq), size_bytes=stored[(t, p, seq)])
+        refs = self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq), size_bytes=stored.get((t, p, seq)))
                             for t, p, seq in listed])
         self._checked.update(r.path for r in refs)
         stored_bytes = sum(r.size_bytes or 0 for r in refs)
-        if self.manifest.statistics["compressed_bytes"] != stored_bytes:
+        if sizes is not None and self.manifest.statistics["compressed_bytes"] != stored_bytes:
             raise ManifestMismatchError(f"statistics.compressed_bytes is {self.manifest.statistics['compressed_bytes']} "
                                         f"but the segment files hold {stored_bytes} bytes", f"{self.path}/{MANIFEST}")
         by_part: dict[tuple[str, int], list[SegmentRef]] = {}

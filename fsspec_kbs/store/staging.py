@@ -1,9 +1,11 @@
-"""Adopt segments encoded elsewhere (a staging area) into a backup, then publish its manifest.
+"""Adopt segments encoded elsewhere (a staging area) into a backup, then commit them.
 
-Distributed writers (the Spark data source) have each task encode segments under a staging
-directory; one driver-side :class:`SegmentAdopter` then moves them to their final names in
-(topic, partition, offset) order and writes the manifest last, atomically, like any
-:class:`~fsspec_kbs.store.writer.BackupWriter` commit.
+Distributed writers (the Spark data source) have each task encode segments under the job's
+staging directory inside the backup; one driver-side :class:`SegmentAdopter` then lists them,
+in (topic, partition, offset) order, as moves of its commit record. The commit protocol
+(:mod:`fsspec_kbs.store.txn`) moves them all at once (batched on object stores) and publishes
+the manifest; a driver dying mid-commit leaves a record that the next writer or
+``kbs repair`` finishes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from dataclasses import replace
 
 from fsspec_kbs.errors import OffsetOrderError
 from fsspec_kbs.format import SegmentReader, SegmentStats
-from fsspec_kbs.store.names import check_partition, check_topic, partition_dir, segment_name
-from fsspec_kbs.store.writer import BackupWriter, WrittenSegment, _Partition
+from fsspec_kbs.store.names import check_partition, check_topic
+from fsspec_kbs.store.writer import BackupWriter, WrittenSegment
 
 
 class SegmentAdopter(BackupWriter):
@@ -25,7 +27,7 @@ class SegmentAdopter(BackupWriter):
     """
 
     def adopt_segment(self, topic: str, partition: int, staged_path: str, stats: SegmentStats) -> WrittenSegment:
-        """Move a staged segment file to the partition's next ``segment-NNNNNNNN.kbs`` name.
+        """Make a staged segment file (inside the backup) the partition's next segment at commit.
 
         Raises
         ------
@@ -43,15 +45,10 @@ class SegmentAdopter(BackupWriter):
                 f"segment {staged_path} of {topic}/{partition} starts at offset {stats.first_offset}, "
                 f"not above the partition's last offset {part.last_offset}: offsets must keep "
                 "increasing per partition (also across appends)")
-        seq = part.next_seq
-        final = f"{partition_dir(self.path, topic, partition)}/{segment_name(seq)}"
-        self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.mv(staged_path, final)
-        part.next_seq += 1
+        written = WrittenSegment(topic, partition, len(part.new), staged_path, stats)
         part.last_offset = stats.last_offset
         part.uncompressed += stats.uncompressed_bytes
-        written = WrittenSegment(topic, partition, seq, final, stats)
-        part.written.append(written.entry())
+        part.new.append(written)  # numbered and moved at commit, with the others
         self._written.append(written)
         return written
 
@@ -68,9 +65,6 @@ class SegmentAdopter(BackupWriter):
         for cols in reader.iter_columns():
             if len(cols):
                 self.write_columns(topic, partition, replace(cols, offsets=cols.offsets + shift))
-
-    def _part(self, topic: str, partition: int) -> _Partition:
-        return self._parts.setdefault((topic, partition), _Partition())
 
     def _flush_partition_if_any(self, topic: str, partition: int) -> None:
         if (topic, partition) in self._parts:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
@@ -26,7 +27,7 @@ from fsspec_kbs.format import (
 )
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
 from fsspec_kbs.store.backup import KbsBackup, resolve
-from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
+from fsspec_kbs.store.commit import COMMIT_FIELD, put_file, remove_files
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
@@ -45,6 +46,7 @@ from fsspec_kbs.store.names import (
     partition_dir,
     segment_name,
 )
+from fsspec_kbs.store.txn import BackupState, FaultHook, Move, Transaction, json_of
 
 _POOLS: dict[int, cf.ThreadPoolExecutor] = {}
 #: Input bytes whose batches may be encoded and compressed ahead of the writer. Each batch is
@@ -113,13 +115,17 @@ class WrittenSegment:
 
 @dataclass
 class _Partition:
-    next_seq: int = 0
+    #: Last offset of the partition: the base backup's, then what this writer added.
     last_offset: int = -1
     pending: list[CompressedBatch] = field(default_factory=list)
     pending_bytes: int = 0
     pending_records: int = 0
-    written: list[SegmentEntry] = field(default_factory=list)
+    #: Segments this writer staged (or adopted), in offset order; numbered at commit.
+    new: list[WrittenSegment] = field(default_factory=list)
+    #: Uncompressed bytes of the staged segments (the base's are in its statistics).
     uncompressed: int = 0
+    #: Next file name in the staging directory.
+    next_seq: int = 0
 
 
 class BackupWriter:
@@ -152,8 +158,18 @@ class BackupWriter:
         compressed data, never the input a second time uncompressed.
     on_segment : callable, optional
         Called with each :class:`WrittenSegment` once it is durable (checkpointing hook).
+    txn_id : str, optional
+        Names this writer's staging directory ``<url>/_staging/<txn-id>/``; a resumed
+        writer passes the id of the run it continues.
+    stage_only : bool, default False
+        Write segments under ``url/topics/`` and never commit (a Spark task's staging area,
+        published later by a :class:`~fsspec_kbs.store.staging.SegmentAdopter`).
+    fault : callable, optional
+        Called with the name of each commit step (tests inject crashes there).
 
-    The manifest is written by :meth:`commit`, after every segment, in one atomic put.
+    Segments go to the writer's own staging directory; :meth:`commit` publishes them with
+    the commit protocol of :mod:`fsspec_kbs.store.txn`: the manifest names them only once
+    they are in place, and a concurrent writer can neither overwrite them nor lose them.
     """
 
     def __init__(
@@ -172,6 +188,9 @@ class BackupWriter:
         on_segment: Callable[[WrittenSegment], None] | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
         compress_threads: int | None = None,
+        txn_id: str | None = None,
+        stage_only: bool = False,
+        fault: FaultHook | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -196,60 +215,95 @@ class BackupWriter:
         self._parts: dict[tuple[str, int], _Partition] = {}
         self._pending_total = 0
         self._written: list[WrittenSegment] = []
-        self._base: Manifest | None = None
         self._closed = False
-        self._prepare()
+        self._base_cache: tuple[int, dict[tuple[str, int], list[SegmentEntry]]] | None = None
+        self._txn: Transaction | None = None
+        if stage_only:
+            self._root = self.path
+        else:
+            self._txn = Transaction(self.fs, self.path, url, mode, txn_id, fault)
+            self._root = self._txn.staging
+            self._prepare()
+
+    @property
+    def txn_id(self) -> str | None:
+        """Id of this writer's transaction (its staging directory's name); None when stage_only."""
+        return None if self._txn is None else self._txn.txn_id
+
+    @property
+    def claimed(self) -> bool:
+        """True once this writer's commit record exists (its staged files belong to it now)."""
+        return self._txn is not None and self._txn.record is not None
+
+    @property
+    def staging(self) -> str:
+        """Where this writer puts its segments before the commit (a path on ``fs``)."""
+        return self._root
 
     # -- set-up ----------------------------------------------------------------------------------
     def _prepare(self) -> None:
-        mpath = f"{self.path}/{MANIFEST}"
-        exists = self.fs.exists(mpath)
-        if exists and self.mode == "error":
-            raise CommitConflictError(
-                f"a backup already exists at {self.url}; use mode='overwrite' or mode='append'")
-        if exists and self.mode == "resume":
-            raise CommitConflictError(f"{self.url} is already complete; nothing to resume")
-        if (exists and self.mode == "append") or self.mode == "resume":
-            backup = KbsBackup.open(self.path, fs=self.fs, allow_incomplete=self.mode == "resume")
-            self._base = backup.manifest
+        assert self._txn is not None
+        base = self._txn.base
+        if self.mode == "append" and base.manifest is not None:
+            manifest = self._parse(base.manifest)
+            self._check_codec(manifest, KbsError)
+            self.created_at = manifest.created_at
+            if self.source_cluster is None:
+                self.source_cluster = manifest.source_cluster
+            for (topic, p), entries in self._base_entries(base.version, manifest).items():
+                if entries:
+                    self._part(topic, p).last_offset = entries[-1].last_offset
+        elif self.mode == "resume":
+            self._adopt_incomplete()
+
+    def _adopt_incomplete(self) -> None:
+        """Resume: take the segments an interrupted run left, first those of a run that wrote
+        in place (before commit records), then those in this transaction's staging."""
+        for root in (self.path, self._root):
+            if not self.fs.exists(f"{root}/{TOPICS_DIR}"):
+                continue
+            backup = KbsBackup.open(root, fs=self.fs, allow_incomplete=True)
             for ref in backup.segments():
-                part = self._parts.setdefault((ref.topic, ref.partition), _Partition())
+                # Check each fully and take what the manifest needs from its data.
+                reader = backup.open_segment(ref)
+                cols = [c for c in reader.iter_columns() if len(c)]
+                ts = [int(c.timestamps.min()) for c in cols] + [int(c.timestamps.max()) for c in cols]
+                h = reader.header
+                stats = SegmentStats(
+                    first_offset=h.first_offset, last_offset=reader.footer.last_offset, records=h.record_count,
+                    min_timestamp=min(ts) if ts else None, max_timestamp=max(ts) if ts else None,
+                    size_bytes=len(reader.data), crc64=h.checksum,
+                    uncompressed_bytes=sum(b.uncompressed_size for b in reader.batches()),
+                    batches=len(reader.batches()))
+                part = self._part(ref.topic, ref.partition)
+                part.new.append(WrittenSegment(ref.topic, ref.partition, ref.seq, ref.path, stats))
+                part.uncompressed += stats.uncompressed_bytes
+                part.last_offset = max(part.last_offset, stats.last_offset)
                 part.next_seq = max(part.next_seq, ref.seq + 1)
-                part.last_offset = max(part.last_offset, -1 if ref.last_offset is None else ref.last_offset)
-                part.written.append(SegmentEntry(
+
+    def _parse(self, doc: dict) -> Manifest:
+        return Manifest.from_json(json.dumps(doc), f"{self.path}/{MANIFEST}")
+
+    def _check_codec(self, base: Manifest, error: type[Exception]) -> None:
+        base_codec = base.compression.get("algorithm")
+        if base.topics and base_codec != CODEC_NAMES[self.codec]:
+            raise error(
+                f"cannot append {CODEC_NAMES[self.codec]} segments to {self.url}, a {base_codec} backup "
+                "(the manifest names one codec per backup)")
+
+    def _base_entries(self, version: int, manifest: Manifest) -> dict[tuple[str, int], list[SegmentEntry]]:
+        """Segment index of each partition of a base manifest (1.0 manifests: from the headers)."""
+        if self._base_cache is None or self._base_cache[0] != version:
+            out: dict[tuple[str, int], list[SegmentEntry]] = {}
+            for ref in KbsBackup(self.fs, self.path, manifest, self.url).manifest_segments():
+                out.setdefault((ref.topic, ref.partition), []).append(SegmentEntry(
                     ref.name, ref.first_offset or 0, ref.last_offset or 0, ref.records or 0,
                     ref.min_timestamp, ref.max_timestamp, ref.size_bytes or 0, ref.crc64 or 0))
-                if self._base is None:
-                    # Adopted segments of an incomplete backup: check them fully and take the
-                    # numbers the manifest needs (timestamps, uncompressed size) from their data.
-                    reader = backup.open_segment(ref)
-                    part.uncompressed += sum(b.uncompressed_size for b in reader.batches())
-                    cols = [c for c in reader.iter_columns() if len(c)]
-                    ts = [int(c.timestamps.min()) for c in cols] + [int(c.timestamps.max()) for c in cols]
-                    e = part.written[-1]
-                    e.min_timestamp, e.max_timestamp = (min(ts), max(ts)) if ts else (None, None)
-                    e.size_bytes = len(reader.data)
-            if self._base is not None:
-                self.created_at = self._base.created_at
-                if self.source_cluster is None:
-                    self.source_cluster = self._base.source_cluster
-                base_codec = self._base.compression.get("algorithm")
-                if self._base.topics and base_codec != CODEC_NAMES[self.codec]:
-                    raise KbsError(
-                        f"cannot append {CODEC_NAMES[self.codec]} segments to a {base_codec} backup "
-                        "(the manifest names one codec per backup)")
-        elif self.mode == "overwrite" and self.fs.exists(self.path):
-            # Drop the manifest first: an interrupted overwrite then leaves an incomplete
-            # backup, never a manifest that points at replaced segments.
-            if exists:
-                self.fs.rm_file(mpath)
-            topics = f"{self.path}/{TOPICS_DIR}"
-            if self.fs.exists(topics):
-                self.fs.rm(topics, recursive=True)
-        elif not exists and self.mode == "error" and self.fs.exists(f"{self.path}/{TOPICS_DIR}"):
-            raise CommitConflictError(
-                f"{self.url} holds segments but no manifest (an incomplete backup); "
-                "use mode='overwrite' to replace it or resume it with the tool that wrote it")
+            self._base_cache = (version, out)
+        return {k: list(v) for k, v in self._base_cache[1].items()}
+
+    def _part(self, topic: str, partition: int) -> _Partition:
+        return self._parts.setdefault((topic, partition), _Partition())
 
     # -- writing ---------------------------------------------------------------------------------
     def last_offset(self, topic: str, partition: int) -> int:
@@ -313,13 +367,13 @@ class BackupWriter:
             return
         data, stats = assemble_segment(part.pending, self.codec)
         seq = part.next_seq
-        path = f"{partition_dir(self.path, topic, partition)}/{segment_name(seq)}"
+        path = f"{partition_dir(self._root, topic, partition)}/{segment_name(seq)}"
         put_file(self.fs, path, data)
         self._pending_total -= part.pending_bytes
         part.pending, part.pending_bytes, part.pending_records = [], 0, 0
         part.next_seq += 1
         written = WrittenSegment(topic, partition, seq, path, stats)
-        part.written.append(written.entry())
+        part.new.append(written)
         self._written.append(written)
         if self.on_segment is not None:
             self.on_segment(written)
@@ -329,31 +383,52 @@ class BackupWriter:
         return list(self._written)
 
     # -- committing ------------------------------------------------------------------------------
-    def build_manifest(self, extra: dict[str, Any] | None = None) -> Manifest:
-        topics: dict[str, list[PartitionEntry]] = {}
-        uncompressed = 0
-        if self._base is not None:
-            uncompressed = int(self._base.statistics.get("uncompressed_bytes", 0))
+    def build_manifest(self, extra: dict[str, Any] | None = None,
+                       state: BackupState | None = None) -> tuple[Manifest, list[Move]]:
+        """The manifest of the backup after this write, on top of ``state`` (default: the
+        state this writer started from), and the staged -> final moves it needs.
+
+        Raises
+        ------
+        CommitConflictError
+            When ``state`` (another writer's commit) already holds offsets this writer adds.
+        """
+        assert self._txn is not None
+        state = self._txn.base if state is None else state
+        base = None
+        if self.mode != "overwrite" and state.manifest is not None:
+            base = self._parse(state.manifest)
+            self._check_codec(base, CommitConflictError)
+        entries = self._base_entries(state.version, base) if base is not None else {}
+        moves: list[Move] = []
+        uncompressed = int(base.statistics.get("uncompressed_bytes", 0)) if base is not None else 0
         for (topic, p), part in sorted(self._parts.items()):
             uncompressed += part.uncompressed
-            if not part.written:
-                continue
-            idx = part.written
-            topics.setdefault(topic, []).append(PartitionEntry(
-                partition=p,
-                first_offset=idx[0].first_offset,
-                last_offset=idx[-1].last_offset,
-                records=sum(s.records for s in idx),
-                segments=len(idx),
-                segment_index=list(idx),
-            ))
+            idx = entries.setdefault((topic, p), [])
+            if part.new and idx and part.new[0].stats.first_offset <= idx[-1].last_offset:
+                raise CommitConflictError(
+                    f"{topic}/{p}: another writer's commit holds offsets up to {idx[-1].last_offset}, "
+                    f"this append starts at {part.new[0].stats.first_offset}")
+            for w in part.new:
+                seq = len(idx)  # numbered after the base's segments (renumbered on a rebase)
+                final = WrittenSegment(topic, p, seq, "", w.stats)
+                moves.append(Move(self._txn.relative(w.path),
+                                  f"{TOPICS_DIR}/{topic}/{p}/{segment_name(seq)}", w.stats.size_bytes,
+                                  w.stats.crc64))
+                idx.append(final.entry())
+        topics: dict[str, list[PartitionEntry]] = {}
+        for (topic, p), idx in sorted(entries.items()):
+            if idx:
+                topics.setdefault(topic, []).append(PartitionEntry(
+                    partition=p, first_offset=idx[0].first_offset, last_offset=idx[-1].last_offset,
+                    records=sum(s.records for s in idx), segments=len(idx), segment_index=idx))
         statistics, time_range = summarize(topics, uncompressed)
-        base_extra = dict(self._base.extra) if self._base else {}
-        base_topics = {t.name: t for t in self._base.topics} if self._base else {}
-        return Manifest(
+        base_extra = {k: v for k, v in base.extra.items() if k != COMMIT_FIELD} if base else {}
+        base_topics = {t.name: t for t in base.topics} if base else {}
+        manifest = Manifest(
             version=WRITE_VERSION,
             backup_id=self.backup_id,
-            created_at=self.created_at,
+            created_at=base.created_at if base is not None else self.created_at,
             completed_at=utc_now_iso(),
             source_cluster=self.source_cluster,
             compression={"algorithm": CODEC_NAMES[self.codec], "level": self.level},
@@ -365,25 +440,46 @@ class BackupWriter:
             ],
             extra={**base_extra, **(extra or {})},
         )
+        return manifest, moves
 
     def commit(self, extra: dict[str, Any] | None = None) -> Manifest:
-        """Write pending segments, then the manifest, atomically. Returns the manifest."""
+        """Write pending segments, then commit them (:mod:`fsspec_kbs.store.txn`). Returns the
+        manifest published.
+
+        Raises
+        ------
+        CommitConflictError
+            Another writer committed first and this write cannot follow it (create vs create,
+            anything vs overwrite, or appends whose offsets overlap); this writer's staged
+            files are removed, the other backup is untouched.
+        """
         self._check_open()
+        if self._txn is None:
+            raise KbsError(f"{self.url}: a stage_only writer does not commit")
         self.flush()
-        manifest = self.build_manifest(extra)
-        mpath = f"{self.path}/{MANIFEST}"
-        if self.mode == "error" and self.fs.exists(mpath):
-            raise CommitConflictError(f"another writer committed a backup at {self.url} meanwhile")
-        put_atomic(self.fs, mpath, manifest.to_json())
-        self._closed = True
-        return manifest
+
+        def build(state: BackupState) -> tuple[dict, list[Move]]:
+            manifest, moves = self.build_manifest(extra, state)
+            return json_of(manifest), moves
+
+        try:
+            record, _ = self._txn.commit(build)
+        finally:
+            self._closed = True
+        finals = {m.src: m.dst for m in record.moves}
+        self._written = [replace(w, path=f"{self.path}/{finals.get(self._txn.relative(w.path), '')}")
+                         for w in self._written]
+        return self._parse(record.manifest)
 
     def abort(self) -> None:
-        """Delete the segments this writer wrote; never touches a committed manifest's segments."""
+        """Delete what this writer staged; never touches a committed backup's files."""
         if self._closed:
             return
         self._closed = True
-        remove_files(self.fs, [w.path for w in self._written])
+        if self._txn is not None:
+            self._txn.abort()
+        else:
+            remove_files(self.fs, [w.path for w in self._written])
 
     def _check_open(self) -> None:
         if self._closed:

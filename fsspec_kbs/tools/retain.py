@@ -11,8 +11,9 @@ Semantics (docs/compaction-retention.md), per partition, in Kafka's order:
    never goes below the limit by more than one segment's size).
 
 Kept segments are copied byte for byte to the new backup, renumbered from ``segment-00000000``
-(the manifest requires sequence numbers to start at 0); then a new manifest is written in one
-atomic put, so a reader sees either no backup or the whole retained one.
+(the manifest requires sequence numbers to start at 0); they are staged and committed with the
+commit protocol (:mod:`fsspec_kbs.store.txn`), so a reader sees either no backup (or the one
+replaced) or the whole retained one.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from fsspec_kbs.errors import CommitConflictError, KbsError
+from fsspec_kbs.errors import KbsError
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format import SegmentReader
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
-from fsspec_kbs.store.commit import put_atomic, put_file, remove_files
+from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
@@ -37,13 +38,12 @@ from fsspec_kbs.store.manifest import (
     utc_now_iso,
 )
 from fsspec_kbs.store.names import (
-    MANIFEST,
-    TOPICS_DIR,
     check_backup_id,
     partition_dir,
     segment_name,
 )
 from fsspec_kbs.store.open import open_backup
+from fsspec_kbs.store.txn import Move, Transaction, json_of
 from fsspec_kbs.tools.units import parse_duration, parse_size
 
 
@@ -165,14 +165,7 @@ def retain_backup(
     backup_id = check_backup_id(path.rsplit("/", 1)[-1])
     if type(fs) is type(backup.fs) and fs._strip_protocol(path) == backup.fs._strip_protocol(backup.path):
         raise ValueError("retain writes a new backup: --to must differ from the source")
-    mpath = f"{path}/{MANIFEST}"
-    if fs.exists(mpath) or fs.exists(f"{path}/{TOPICS_DIR}"):
-        if not overwrite:
-            raise CommitConflictError(f"a backup already exists at {to_url}; pass overwrite=True to replace it")
-        if fs.exists(mpath):
-            fs.rm_file(mpath)
-        if fs.exists(f"{path}/{TOPICS_DIR}"):
-            fs.rm(f"{path}/{TOPICS_DIR}", recursive=True)
+    txn = Transaction(fs, path, to_url, "overwrite" if overwrite else "error")
 
     segments = backup.segments()
     ref_time = to_millis(now)
@@ -185,7 +178,7 @@ def retain_backup(
         groups.setdefault((ref.topic, ref.partition), []).append(ref)
     topics: dict[str, list[PartitionEntry]] = {}
     uncompressed = 0
-    written: list[str] = []
+    moves: list[Move] = []
     try:
         for (topic, partition), refs in sorted(groups.items()):
             pr = PartitionRetention(topic, partition, len(refs))
@@ -200,9 +193,11 @@ def retain_backup(
                 data = backup.read_segment_bytes(ref)
                 reader = SegmentReader(data, ref.path, verify_checksums=True)
                 uncompressed += sum(b.uncompressed_size for b in reader.batches())
-                target = f"{partition_dir(path, topic, partition)}/{segment_name(seq)}"
-                put_file(fs, target, data)
-                written.append(target)
+                staged = f"{partition_dir(txn.staging, topic, partition)}/{segment_name(seq)}"
+                put_file(fs, staged, data)
+                moves.append(Move(txn.relative(staged), txn.relative(
+                    f"{partition_dir(path, topic, partition)}/{segment_name(seq)}"), len(data),
+                    reader.header.checksum))
                 mn, mx = ref.min_timestamp, ref.max_timestamp
                 if mn is None or mx is None:
                     stamps = [c.timestamps for c in reader.iter_columns() if len(c)]
@@ -218,10 +213,10 @@ def retain_backup(
                 pr.first_offset = entries[0].first_offset
             pr.bytes_out = sum(e.size_bytes for e in entries)
             pr.records_out = sum(e.records for e in entries)
-        manifest = _manifest(backup, backup_id, topics, uncompressed, report)
-        put_atomic(fs, mpath, manifest.to_json())
+        manifest = json_of(_manifest(backup, backup_id, topics, uncompressed, report))
+        txn.commit(lambda state: (manifest, moves))
     except BaseException:
-        remove_files(fs, written)
+        txn.abort()  # only this run's staging; a claimed commit keeps it for the roll forward
         raise
     return report
 

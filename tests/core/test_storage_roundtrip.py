@@ -135,7 +135,8 @@ def test_resume_adopts_flushed_segments(root: tuple[str, dict], request: pytest.
     w.write_columns("t", 0, _cols(range(25)))
     w.flush()  # segments on storage, no manifest: like a killed backup
     assert [(b.backup_id, b.complete) for b in fsspec_kbs.list_backups(base, opts)] == [("backup-5", False)]
-    w2 = BackupWriter(url, storage_options=opts, mode="resume", segment_max_records=10)
+    # A resume continues one writer's transaction: its id names the staging to adopt.
+    w2 = BackupWriter(url, storage_options=opts, mode="resume", segment_max_records=10, txn_id=w.txn_id)
     assert w2.last_offset("t", 0) == 24
     w2.write_columns("t", 0, _cols(range(25, 30)))
     m = w2.commit()

@@ -113,8 +113,9 @@ def test_resume_adopts_segments_of_incomplete_backup(tmp_path: Path) -> None:
     url = str(tmp_path / "b")
     w = BackupWriter(url, segment_max_records=10)
     w.write_columns("t", 0, cols(list(range(25))))
-    w.flush()  # 3 segments on storage, no manifest: like a killed backup
-    w2 = BackupWriter(url, mode="resume", segment_max_records=10)
+    w.flush()  # 3 segments staged, no manifest: like a killed backup
+    # The resumed run continues the same transaction (kbs backup keeps its id in the checkpoint).
+    w2 = BackupWriter(url, mode="resume", segment_max_records=10, txn_id=w.txn_id)
     assert w2.last_offset("t", 0) == 24
     w2.write_columns("t", 0, cols(list(range(25, 30)), ts0=9000))
     m = w2.commit()

@@ -1,0 +1,1 @@
+"""Commit protocol: concurrent writers, crashes, repair."""
