@@ -59,7 +59,7 @@ def backup_rows(url: str) -> list[dict]:
     for r in t.to_pylist():
         rows.append({"topic": r["topic"], "partition": r["partition"], "offset": r["offset"], "key": r["key"],
                      "value": r["value"], "timestamp": int(r["timestamp"].timestamp() * 1000),
-                     "headers": [(h["key"], h["value"]) for h in r["headers"]] or None})
+                     "headers": [(h["key"], h["value"]) for h in r["headers"] or []] or None})
     return rows
 
 
