@@ -18,6 +18,8 @@ import click
 from rich.console import Console
 from rich.text import Text
 
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
+
 console = Console(stderr=True)
 out = Console()
 
@@ -444,3 +446,7 @@ def iso_ms(ms: int | None) -> str:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+#: ``--compression`` choices: the codec registry's names.
+CODEC_CHOICE = click.Choice(sorted(CODEC_BY_NAME))

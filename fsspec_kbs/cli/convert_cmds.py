@@ -6,6 +6,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from fsspec_kbs.cli.common import (
+    CODEC_CHOICE,
     alias,
     console,
     dest_storage_options_from,
@@ -27,7 +28,7 @@ from fsspec_kbs.errors import KbsError
 @alias("--to", dest="to", new="--layout", type=click.Choice(["kbs", "oso"]))
 @storage_options_option
 @dest_storage_options_option
-@click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]),
+@click.option("--compression", type=CODEC_CHOICE,
               help="Codec of the output (default: the source's).")
 @click.option("--level", type=int, help="Codec level.")
 @click.option("--segment-max-bytes", type=int, help="Roll output segments at this size.")

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsspec_kbs.cli.common import (
+    CODEC_CHOICE,
     TIME_HELP,
     alias,
     console,
@@ -102,7 +103,7 @@ def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
 @alias("-t", "--topics", dest="topics", new="--topic-pattern", multiple=True)
 @click.option("--to", "to", required=True, metavar="URL", help="Storage root; the backup goes to URL/BACKUP_ID.")
 @click.option("--backup-id", help="Backup id (default backup-<UTC time>); required with --resume.")
-@click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), default="zstd", show_default=True)
+@click.option("--compression", type=CODEC_CHOICE, default="zstd", show_default=True)
 @click.option("--level", type=int, help="Compression level (zstd default 3).")
 @click.option("--segment-max-bytes", type=int, default=64 * 1024 * 1024, show_default=True,
               help="Roll segments at this compressed size.")

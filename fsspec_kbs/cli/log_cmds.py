@@ -8,6 +8,7 @@ from collections.abc import Callable
 import click
 
 from fsspec_kbs.cli.common import (
+    CODEC_CHOICE,
     TIME_HELP,
     dest_storage_options_from,
     dest_storage_options_option,
@@ -44,7 +45,7 @@ def _parsed(parse: Callable[[str], int]) -> Callable[[click.Context, click.Param
 @click.option("-t", "--topic", "topics", multiple=True, help="Topic to import (repeatable; default all).")
 @click.option("--topic-pattern", help="Regular expression topics must match.")
 @click.option("-p", "--partition", "partitions", multiple=True, type=int, help="Partition (repeatable).")
-@click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), default="zstd", show_default=True)
+@click.option("--compression", type=CODEC_CHOICE, default="zstd", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace a backup already at --to.")
 @click.option("--strict", is_flag=True, help="Fail at a corrupt or truncated tail instead of stopping there.")
 @click.option("--no-verify", is_flag=True, help="Skip the CRC-32C check of every batch.")
@@ -96,7 +97,7 @@ def import_log_cmd(kafka_log_dir: str, to_url: str, storage_option: tuple, stora
 @click.option("--delete-retention", callback=_parsed(parse_duration), metavar="DURATION",
               help="Drop tombstones older than this (e.g. 1d, 12h, 86400000), measured back from the "
                    "partition's newest timestamp. Default: keep tombstones.")
-@click.option("--compression", type=click.Choice(["zstd", "lz4", "none"]), help="Default: the source's.")
+@click.option("--compression", type=CODEC_CHOICE, help="Default: the source's.")
 @click.option("--overwrite", is_flag=True, help="Replace a backup already at --to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def compact_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_options_json: str | None,

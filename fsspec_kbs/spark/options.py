@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsspec_kbs.filters import ScanFilter, to_millis
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
 
 #: Offsets in ``startingOffsets``/``endingOffsets`` JSON, as in Spark's Kafka source.
 EARLIEST = -2
@@ -441,8 +442,9 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
 
 def _write_options(opts: dict[str, str], path: str, storage: dict[str, Any]) -> KbsOptions:
     compression = (opts.get("compression") or "").strip().lower() or None
-    if compression not in (None, "zstd", "lz4", "none"):
-        raise ValueError(f"option 'compression' must be zstd, lz4 or none, got {compression!r}")
+    if compression is not None and compression not in CODEC_BY_NAME:
+        raise ValueError(f"option 'compression' must be one of {', '.join(sorted(CODEC_BY_NAME))}, "
+                         f"got {compression!r}")
     return KbsOptions(
         path=path,
         storage_options=storage,
