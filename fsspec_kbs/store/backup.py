@@ -409,25 +409,8 @@ class KbsBackup:
 
     def _discover(self) -> list[SegmentRef]:
         """List ``topics/<topic>/<partition>/segment-*.kbs`` of a backup without manifest."""
-        root = f"{self.path}/{TOPICS_DIR}"
-        refs = []
-        try:
-            files = self.fs.find(root, detail=True)
-        except FileNotFoundError:
-            files = {}
-        for path, info in sorted(files.items()):
-            rel = _strip(path)[len(_strip(self.fs._strip_protocol(root))) + 1 :].split("/")
-            if len(rel) != 3 or not rel[2].endswith(".kbs"):
-                continue
-            topic, part, name = rel
-            try:
-                ref = SegmentRef(check_topic(topic), check_partition(part), parse_segment_name(name),
-                                 self._segment_path(topic, int(part), parse_segment_name(name)),
-                                 size_bytes=info.get("size"))
-            except InvalidNameError:
-                continue  # foreign files (e.g. temp files) are not segments
-            refs.append(ref)
-        return self._probe(refs)
+        return self._probe([SegmentRef(t, p, seq, self._segment_path(t, p, seq), size_bytes=size)
+                            for (t, p, seq), size in sorted(self._stored_segments().items())])
 
     def _probe(self, refs: list[SegmentRef]) -> list[SegmentRef]:
         """Fill offsets and counts from each segment's header and footer (two small reads each)."""
