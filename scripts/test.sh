@@ -16,6 +16,7 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[all,test]"
 export KBS_PYTHON="$PWD/$VENV/bin/python"
 bash scripts/kafka.sh fetch
+bash scripts/spark_kafka_jars.sh >/dev/null
 # Azurite for the azure tests: npm ci from the committed lock, only when .cache/azurite does not
 # already hold exactly that lock (tests/fixtures/azure.py finds it there and skips without node).
 AZURITE_DIR=.cache/azurite
