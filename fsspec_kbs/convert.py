@@ -365,6 +365,7 @@ def convert_backup(
             state.segment = ref
             if progress is not None:
                 progress(state)
+        src.check_totals()  # the manifest's totals, as a reader of the source would check them
         if to == "oso":
             result.manifest = writer.commit()
             result.segments_written = writer.segments_written

@@ -159,10 +159,6 @@ class ScanFilter:
             return None
         return mask
 
-    @property
-    def is_empty(self) -> bool:
-        return self == ScanFilter()
-
 
 _OPS = {"=", "==", "!=", "<", "<=", ">", ">=", "in", "not in"}
 

@@ -38,13 +38,13 @@ from fsspec_kbs.fs_views import (
 )
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import segment_missing
+from fsspec_kbs.store.names import MANIFEST
 
 try:  # fsspec >= 2025.x: url_to_fs hands a chained filesystem the full target path as its path too
     from fsspec.implementations.chained import ChainedFileSystem as _Base
 except ImportError:  # pragma: no cover - older fsspec
     _Base = AbstractFileSystem
 
-MANIFEST = "manifest.json"
 _GLOB = re.compile(r"[*?\[]")
 _READ_ONLY = "kbs:// is read-only: a backup is written with fsspec_kbs.write_table / BackupWriter, not through the filesystem"
 

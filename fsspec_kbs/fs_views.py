@@ -14,13 +14,12 @@ seekable and re-reading does not decode again.
 
 from __future__ import annotations
 
-import base64
 import io
-import json
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from fsspec_kbs.arrow.jsonl import jsonl_lines
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.store import SegmentRef
 
@@ -34,43 +33,6 @@ VIEWS = (JSONL, PARQUET)
 
 # -- records.jsonl ---------------------------------------------------------------------------------
 
-def _b64(data: memoryview, start: int, stop: int) -> str:
-    return '"' + base64.b64encode(data[start:stop]).decode("ascii") + '"'
-
-
-def jsonl_lines(cols: RecordColumns, topic: str, partition: int) -> bytes:
-    """JSON lines for decoded records, byte-identical to ``json.dumps`` of the ``kbs cat`` form.
-
-    Built with string formatting rather than ``json.dumps`` per record (about 3x faster): base64
-    text never needs JSON escaping, and only topic names and header keys go through ``json``.
-    """
-    prefix = '{"topic": ' + json.dumps(topic) + ', "partition": ' + str(partition) + ', "offset": '
-    kdata, vdata = memoryview(cols.key_data), memoryview(cols.value_data)
-    hkdata, hvdata = memoryview(cols.header_key_data), memoryview(cols.header_value_data)
-    koffs, voffs = cols.key_offsets.tolist(), cols.value_offsets.tolist()
-    kvalid, vvalid = cols.key_valid.tolist(), cols.value_valid.tolist()
-    hoffs = cols.header_offsets.tolist()
-    hkoffs, hvoffs = cols.header_key_offsets.tolist(), cols.header_value_offsets.tolist()
-    hvvalid = cols.header_value_valid.tolist()
-    offsets, timestamps = cols.offsets.tolist(), cols.timestamps.tolist()
-    out = []
-    for i in range(len(offsets)):
-        key = _b64(kdata, koffs[i], koffs[i + 1]) if kvalid[i] else "null"
-        value = _b64(vdata, voffs[i], voffs[i + 1]) if vvalid[i] else "null"
-        if hoffs[i] == hoffs[i + 1]:
-            headers = "[]"
-        else:
-            parts = []
-            for h in range(hoffs[i], hoffs[i + 1]):
-                hkey = json.dumps(bytes(hkdata[hkoffs[h]:hkoffs[h + 1]]).decode("utf-8"))
-                hval = _b64(hvdata, hvoffs[h], hvoffs[h + 1]) if hvvalid[h] else "null"
-                parts.append(f"[{hkey}, {hval}]")
-            headers = "[" + ", ".join(parts) + "]"
-        out.append(f'{prefix}{offsets[i]}, "timestamp": {timestamps[i]}, "key": {key}, '
-                   f'"value": {value}, "headers": {headers}}}\n')
-    return "".join(out).encode("utf-8")
-
-
 def jsonl_chunks(refs: Iterable[SegmentRef], iter_columns: Callable[[SegmentRef], Iterator[RecordColumns]],
                  rows_per_chunk: int = 4096) -> Iterator[bytes]:
     """``records.jsonl`` of the given segments, ``rows_per_chunk`` records at a time.
@@ -81,7 +43,8 @@ def jsonl_chunks(refs: Iterable[SegmentRef], iter_columns: Callable[[SegmentRef]
     for ref in refs:
         for cols in iter_columns(ref):
             for start in range(0, len(cols), rows_per_chunk):
-                yield jsonl_lines(cols.slice(start, start + rows_per_chunk), ref.topic, ref.partition)
+                yield jsonl_lines(cols.slice(start, start + rows_per_chunk), ref.topic, ref.partition,
+                                  path=ref.path)
 
 
 # -- records.parquet -------------------------------------------------------------------------------

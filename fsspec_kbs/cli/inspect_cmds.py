@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import sys
@@ -29,11 +28,9 @@ from fsspec_kbs.cli.common import (
 )
 from fsspec_kbs.errors import KbsError
 
-_ENCODERS = {
-    "base64": lambda b: base64.b64encode(b).decode("ascii"),
-    "hex": lambda b: b.hex(),
-    "utf8": lambda b: b.decode("utf-8", errors="replace"),
-}
+#: ``kbs cat --binary`` choices (the encoders are in fsspec_kbs.arrow.jsonl; importing it here
+#: would make ``kbs --help`` import pyarrow).
+BINARY_CHOICES = ("base64", "hex", "utf8")
 
 
 @click.command("ls")
@@ -313,16 +310,16 @@ def validate_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
 @storage_options_option
 @filter_options
 @click.option("-n", "--limit", type=int, help="Print at most this many records.")
-@click.option("--binary", type=click.Choice(sorted(_ENCODERS)), default="base64", show_default=True,
+@click.option("--binary", type=click.Choice(BINARY_CHOICES), default="base64", show_default=True,
               help="How keys, values and header values are printed.")
 @click.option("--allow-incomplete", is_flag=True, help="Read a backup without manifest.")
 def cat_cmd(backup_url: str, storage_option: tuple, storage_options_json: str | None, limit: int | None,
             binary: str, allow_incomplete: bool, **kwargs: Any) -> None:
     """Print records as JSON lines (topic, partition, offset, timestamp, key, value, headers)."""
     from fsspec_kbs.api import unmatched_filters
+    from fsspec_kbs.arrow.jsonl import batch_jsonl
     from fsspec_kbs.dataset import KbsDataset
 
-    enc = _ENCODERS[binary]
     filters = filters_from(kwargs)
     printed = 0
     try:
@@ -332,20 +329,14 @@ def cat_cmd(backup_url: str, storage_option: tuple, storage_options_json: str | 
             warn_line(message)
         for batch in ds.to_batches(columns=["topic", "partition", "offset", "timestamp", "key", "value",
                                             "headers"]):
-            ts = batch.column("timestamp").cast("int64").to_pylist()
-            for i, row in enumerate(batch.to_pylist()):
-                if limit is not None and printed >= limit:
-                    return
-                doc = {
-                    "topic": row["topic"], "partition": row["partition"], "offset": row["offset"],
-                    "timestamp": ts[i],
-                    "key": None if row["key"] is None else enc(row["key"]),
-                    "value": None if row["value"] is None else enc(row["value"]),
-                    "headers": [[h["key"], None if h["value"] is None else enc(h["value"])]
-                                for h in row["headers"] or []],
-                }
-                sys.stdout.write(json.dumps(doc) + "\n")
-                printed += 1
+            if limit is not None:
+                batch = batch.slice(0, max(0, limit - printed))
+            for chunk in batch_jsonl(batch, binary):
+                sys.stdout.buffer.write(chunk)
+            printed += batch.num_rows
+            if limit is not None and printed >= limit:
+                break
+        sys.stdout.flush()
         if printed == 0 and any(v not in (None, []) for v in filters.values()):
             warn_line(f"no record of {backup_url} matched the filters")
     except BrokenPipeError:  # `kbs cat … | head`

@@ -144,7 +144,7 @@ def parse_json(raw: bytes, where: str) -> JsonDoc:
 
     def pint(s: str) -> Any:
         digits = len(s.lstrip("-"))
-        if digits > 40:
+        if digits > 20:  # as many as any u64; readers may refuse longer ones anywhere
             doc.huge = True
             return Huge(digits)
         return int(s)
@@ -507,6 +507,7 @@ def _decode_backup(backup_dir: str) -> Reference:
         layout = "oso"
     ref = Reference(layout, "valid")
     chk = Checker()
+    _commit_state(backup_dir, m, chk)
     try:
         if layout == "kbs":
             _kbs(backup_dir, m, ref, chk)
@@ -522,12 +523,27 @@ def _decode_backup(backup_dir: str) -> Reference:
     if doc.deep:
         chk.note("manifest nested more than 64 levels deep (in fields readers ignore)")
     if doc.huge:
-        chk.note("manifest has integer literals of more than 40 digits (in fields readers ignore)")
+        chk.note("manifest has integer literals of more than 20 digits (in fields readers ignore)")
     if chk.either:
         ref.verdict = "either"
         ref.reasons.extend(chk.either)
     ref.records = sorted(ref.partial, key=lambda r: (r[0], r[1], r[2]))
     return ref
+
+
+def _commit_state(backup_dir: str, m: Any, chk: Checker) -> None:
+    """Commit records newer than the manifest (docs/format-decisions.md, "Commit protocol"):
+    the manifest may be about to be replaced, so a reader may refuse it (commit in progress)."""
+    info = m.get("commit") if isinstance(m, dict) else None
+    n = info.get("version") if isinstance(info, dict) else None
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else -1
+    names = _listdir(os.path.join(backup_dir, "_commits"))
+    records = sorted(int(x[:8]) for x in names if re.fullmatch(r"[0-9]{8}\.json", x))
+    done = {int(x[:8]) for x in names if re.fullmatch(r"[0-9]{8}\.done", x)}
+    if n >= 0 and n + 1 in records:
+        chk.note(f"commit {n + 1} is recorded but the manifest publishes commit {n}")
+    elif n < 0 and records and records[-1] not in done:
+        chk.note(f"commit {records[-1]} is recorded but the manifest names no commit")
 
 
 # ---------------------------------------------------------------------------------------------
