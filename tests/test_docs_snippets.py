@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/{api,fsspec,cli}.md runs here, on local directories.
+"""Every code block of README.md and docs/*.md runs here, on local directories.
 
 * ``python`` blocks of a file run in order in one namespace, after a prelude that writes a
   demo backup at ``<tmp>/backups/backup-1``; the storage URLs the docs show
@@ -6,13 +6,14 @@
   ``<tmp>/backups/``.
 * ``bash`` blocks: each ``kbs …`` line runs through the CLI (same rewriting) and must exit 0
   (``validate`` of a good backup included); other lines (pip, scripts) are not run.
-* ``toml`` blocks must parse; ``text`` blocks (trees, output) are not code.
+* ``toml`` and ``json`` blocks must parse; ``text`` blocks (trees, output) are not code.
 * A block right after ``<!-- test: skip REASON -->`` is not run: it needs a live Kafka broker,
   Spark or a real object store (those paths have their own tests, named in REASON).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -22,12 +23,14 @@ import pytest
 from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ["README.md", "docs/api.md", "docs/fsspec.md", "docs/cli.md"]
+FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _SKIP = re.compile(r"<!--\s*test:\s*skip\b(.*?)-->")
 _URLS = [(re.compile(r"(s3|gs|gcs|az|abfs)://bucket/backups/"), "{root}/"),
          (re.compile(r"(?<![\w./-])/(data/)?backups/"), "{root}/"),
-         (re.compile(r"(?<![\w./-])/backups(?=[\s'\"]|$)"), "{root}")]
+         (re.compile(r"(?<![\w./-])/backups(?=[\s'\"]|$)"), "{root}"),
+         (re.compile(r"(/mnt/dead-broker/kafka-logs|/mnt/kafka-logs|\./kafka-logs)"), "{root}/../kafka-logs"),
+         (re.compile(r"(?<![\w./-])\./backups/"), "{root}/")]
 T0 = 1_793_491_200_000  # 2026-11-01T00:00:00Z
 
 
@@ -71,11 +74,23 @@ def demo_backup(url: str) -> None:
     fsspec_kbs.write_table(url, table, segment_max_records=500)
 
 
+def demo_kafka_log(log_dir: Path) -> None:
+    """A broker's log directory with an ``orders`` partition (docs/kafka-log.md)."""
+    from fsspec_kbs.format import kafka_log as kl
+    from tests.kafka_log.logbuild import write_segment
+
+    recs = [{"offset": i, "timestamp": T0 + i * 60_000, "key": b"k%d" % (i % 7), "value": b'{"n": %d}' % i,
+             "headers": []} for i in range(200)]
+    write_segment(log_dir / "orders-0", [kl.encode_kafka_batch(recs[i:i + 50]) for i in range(0, 200, 50)])
+
+
 @pytest.fixture
 def docs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "backups"
     demo_backup(str(root / "backup-1"))
     demo_backup(str(root / "b1"))
+    demo_backup(str(root / "orders"))
+    demo_kafka_log(tmp_path / "kafka-logs")
     monkeypatch.chdir(tmp_path)
     return root
 
@@ -99,7 +114,7 @@ def _cases() -> list:
     out = []
     for name in FILES:
         path = ROOT / name
-        if path.exists():
+        if path.exists() and blocks(path):
             out.append(pytest.param(name, id=name))
     return out
 
@@ -114,6 +129,8 @@ def test_code_blocks_run(name: str, docs_root: Path) -> None:
         where = f"{name}:{line}"
         if lang == "toml":
             pytest.importorskip("tomllib").loads(code)  # Python >= 3.11
+        elif lang == "json":
+            json.loads(code)
         elif lang == "python":
             try:
                 exec(compile(rewrite(code, docs_root), where, "exec"), space)
