@@ -842,8 +842,15 @@ def _oso(backup_dir: str, m: dict, ref: Reference, chk: Checker) -> None:
     dirname = os.path.basename(backup_dir)
     if bid != dirname:
         raise Invalid(f"{mp}: backup_id {_r(bid)} is not the directory name (keys are relative to it)")
-    if not isinstance(m.get("created_at"), int) or isinstance(m.get("created_at"), bool):
-        chk.note(f"{mp}: created_at is not an integer")
+    created = m.get("created_at")
+    if not isinstance(created, int) or isinstance(created, bool) or not I64_MIN <= created <= I64_MAX:
+        chk.note(f"{mp}: created_at is not an int64")
+    # Metadata readers do not need, whose type a reader may still insist on (oso-native-format.md).
+    if m.get("source_cluster_id") is not None and not isinstance(m.get("source_cluster_id"), str):
+        chk.note(f"{mp}: source_cluster_id is not a string")
+    brokers = m.get("source_brokers")
+    if brokers is not None and not (isinstance(brokers, list) and all(isinstance(b, str) for b in brokers)):
+        chk.note(f"{mp}: source_brokers is not a list of strings")
     algo = m.get("compression")
     if algo not in ("none", "lz4", "zstd"):
         raise Invalid(f"{mp}: compression {_r(algo)}")

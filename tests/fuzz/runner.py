@@ -212,6 +212,12 @@ def classify(path: str, res: dict, ref: Reference, params: dict) -> tuple[str, s
     partial = ref_rows(expected_for(path, ref.partial, params))
     if path in FILTERED and got == partial and not expected_for(path, ref.salvaged, params):
         return "ok", "pruned", ""
+    if path == "read_offset" and got == partial and all(
+            _claims_outside(c, params["start_offset"], params["end_offset"]) for c in ref.corrupt):
+        # Offset pruning trusts a segment's first and last offset where the manifest, header and
+        # footer all agree (docs/format-decisions.md, "What is cross-checked where"): a segment
+        # whose batches contradict all three is caught by whole reads and validate, not here.
+        return "ok", "pruned by agreeing claims", ""
     if got == partial and not ref.corrupt:
         if path in PARTITION_VIEWS and all(_backup_level(r) for r in ref.reasons):
             # A one-partition view reads no more than that partition: it cannot see what the
@@ -219,6 +225,23 @@ def classify(path: str, res: dict, ref: Reference, params: dict) -> tuple[str, s
             return "ok", "partition view", ""
         return "wrong", "unflagged contradiction", f"rows = segment truth but: {ref.reasons[0]}"
     return "wrong", "rows from an invalid backup", f"{diff_rows(got, partial)}; reference: {ref.reasons[0]}"
+
+
+def _claims_outside(seg_path: str, start: int | None, end: int | None) -> bool:
+    """Whether a KBS segment's header first offset and footer last offset (the claims offset
+    pruning checks against the manifest) put it wholly outside [start, end)."""
+    try:
+        with open(seg_path, "rb") as f:
+            head = f.read(32)
+            f.seek(-16, os.SEEK_END)
+            foot = f.read(16)
+    except OSError:
+        return False
+    if len(head) < 32 or len(foot) < 16 or head[:4] != b"KBS1" or foot[12:] != b"KBSF":
+        return False
+    first = struct.unpack_from("<Q", head, 8)[0]
+    last = struct.unpack_from("<Q", foot, 0)[0]
+    return (end is not None and first >= end) or (start is not None and last < start)
 
 
 #: Paths that read one partition (or a few records) at a time.
