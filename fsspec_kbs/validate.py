@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.errors import BatchIndexDamagedError, KbsError, SegmentMismatchError
@@ -134,7 +135,7 @@ def validate_backup(
     for ref in refs:
         try:
             if check is not None:
-                check(ref, deep, report)
+                check(ref, deep, report, partial(check_header_keys, path=ref.path))
             else:
                 _quick_segment(backup, ref)
                 _check_index(backup, ref, report)

@@ -7,7 +7,7 @@ reader (dataset, CLI, Spark, the ``kbs`` protocol) reads such backups unchanged;
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn
@@ -16,6 +16,7 @@ import fsspec
 import msgspec
 
 from fsspec_kbs.errors import (
+    BackupNotFoundError,
     IncompleteBackupError,
     SegmentFormatError,
     SegmentMismatchError,
@@ -150,7 +151,8 @@ class OsoBackup(KbsBackup):
         """``(topic, partition, path, size)`` of the segment files under ``topics/``."""
         root = f"{self.path}/{TOPICS_DIR}"
         try:
-            files = self.fs.find(root, detail=True)
+            # With directories: one named like a segment must not hide (it is not readable).
+            files = self.fs.find(root, withdirs=True, detail=True)
         except FileNotFoundError:
             files = {}
         base = self.fs._strip_protocol(root).rstrip("/")
@@ -162,6 +164,8 @@ class OsoBackup(KbsBackup):
             part = rel[1][len(_PARTITION_PREFIX):]
             if not part.isdigit() or ".tmp" in rel[2]:
                 continue
+            if info.get("type") == "directory":
+                raise BackupNotFoundError(f"segment {path} is a directory, not a file")
             found.append((rel[0], int(part), f"{root}/{rel[0]}/{rel[1]}/{rel[2]}", info.get("size")))
         return found
 
@@ -279,15 +283,20 @@ class OsoBackup(KbsBackup):
                                                    ref.path, at)
             self._checked.add(ref.path)
 
-    def validate_segment(self, ref: SegmentRef, deep: bool, report: Any) -> None:
+    def validate_segment(self, ref: SegmentRef, deep: bool, report: Any,
+                         check_columns: Callable[[RecordColumns], None] | None = None) -> None:
         """Used by :func:`fsspec_kbs.validate.validate_backup`.
 
         Quick: size, header and footer magic, header fields against the manifest. Deep: also
-        the CRC-32, every record, and the first/last record timestamps.
+        the CRC-32, every record (each chunk also passed to ``check_columns``), and the
+        first/last record timestamps.
         """
         if deep:
             seg = self.open_segment(ref, verify_checksums=True)
             cols = list(seg.iter_columns())
+            for c in cols:
+                if check_columns is not None:
+                    check_columns(c)
             report.records_checked += sum(len(c) for c in cols)
             start_ts, end_ts = self._timestamps.get(ref.path, (None, None))
             if cols:
