@@ -29,6 +29,7 @@ from fsspec_kbs.format.batch_index import (
 from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.segment import (
+    BATCH_HEADER_SIZE,
     FOOTER_SIZE,
     HEADER_SIZE,
     Decoded,
@@ -125,7 +126,12 @@ class IndexedSource:
         # The segment's header and footer too (48 bytes, in the same call): a footer that does
         # not end the file where the index says, or disagrees with it, is caught here.
         ends = [(0, HEADER_SIZE), (size - FOOTER_SIZE, size)] if self.read_header else []
-        wanted = coalesce([*ends, *index.byte_ranges(chunks)], self.gap)
+        # The header of the batch after each run (it adjoins the run: no extra request) must
+        # start where its entry says: a base offset raised in a CRC-valid index cannot hide
+        # that batch from an offset query ending below its real first record.
+        nexts = [int(index.position[stop]) for _, stop in self.runs if stop < len(index)]
+        wanted = coalesce([*ends, *((p, p + BATCH_HEADER_SIZE) for p in nexts), *index.byte_ranges(chunks)],
+                          self.gap)
         blobs = self.fs.cat_ranges([path] * len(wanted), [s for s, _ in wanted], [e for _, e in wanted],
                                    on_error="raise")
         for (s, e), blob in zip(wanted, blobs, strict=True):
@@ -136,6 +142,8 @@ class IndexedSource:
         if self.read_header:
             codec = _check_header(blobs[0][:HEADER_SIZE], path, index, codec, self.crc64).codec
             _check_footer(_slice(wanted, blobs, size - FOOTER_SIZE, size), path, index)
+        for p in nexts:
+            _check_next(_slice(wanted, blobs, p, p + BATCH_HEADER_SIZE), p, path, index)
         assert codec is not None
         k = 0
         for first, stop in chunks:
@@ -204,6 +212,15 @@ def _slice(wanted: Sequence[tuple[int, int]], blobs: Sequence[bytes], start: int
         if s <= start and end <= e:
             return blob[start - s:end - s]
     raise AssertionError(f"bytes {start}..{end} were not fetched")
+
+
+def _check_next(head: bytes, pos: int, segment_path: str, index: BatchIndex) -> None:
+    """The batch header at ``pos`` (the batch after a run) has its entry's base offset."""
+    i = int(index.position.searchsorted(pos))
+    base = int.from_bytes(head[:8], "little")
+    if base != int(index.base[i]):
+        raise BatchIndexError(f"batch {i} base offset is {base} but the index says {index.base[i]}",
+                              segment_path, pos, segment_path, index.index_path)
 
 
 def _check_footer(tail: bytes, segment_path: str, index: BatchIndex) -> None:

@@ -445,3 +445,27 @@ def test_damaged_index_falls_back_or_fails_never_wrong(tmp_path: Path, how: str)
     assert not report.ok
     text = " ".join(f"{d.path} {d.message}" for d in report.defects)
     assert str(victim) in text and str(victim).replace(".index", ".kbs") in text
+
+
+def test_raised_base_offset_cannot_hide_a_batch(tmp_path: Path) -> None:
+    """A CRC-valid index whose entry claims a batch starts later than it does: an offset query
+    ending inside the real batch would skip it; the header check of the next batch catches it."""
+    url = str(tmp_path / "b")
+    write(url, segment_max_bytes=100_000, batch_max_bytes=4_000)
+    b = KbsBackup.open(url)
+    ref = b.segments()[1]
+    idx = b.batch_index(ref)
+    assert idx is not None and len(idx) > 3 and int(idx.last[2]) - int(idx.base[2]) > 10
+    real = int(idx.base[2])
+    e = idx.entries.copy()
+    e["base_offset"][2] += 10
+    body = e.tobytes()
+    head = b"KBSI\x01\x00\x00\x00" + len(e).to_bytes(4, "little") + zlib.crc32(body).to_bytes(4, "little")
+    ipath = Path(index_path(ref.path))
+    ipath.write_bytes(head + body)
+    doc = manifest(tmp_path / "b")
+    doc["topics"][0]["partitions"][0]["segment_index"][1]["index_crc32"] = zlib.crc32(head + body)
+    (tmp_path / "b/manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(BatchIndexError, match="batch 2 base offset") as err:
+        rows(url, start_offset=int(idx.base[1]), end_offset=real + 5)
+    assert str(ipath) in str(err.value) and ref.path in str(err.value)
