@@ -4,6 +4,7 @@ returns a JSON-able description. Independent of fsspec_kbs (uses the reference's
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -1031,6 +1032,10 @@ def applicable(lay: str) -> list[str]:
 
 def choose(lay: str, rng: random.Random) -> str:
     names = applicable(lay)
+    # KBS_FUZZ_MUTATORS=a,b (substrings): only those mutators (e.g. "index" for the index ones).
+    only = [w for w in os.environ.get("KBS_FUZZ_MUTATORS", "").split(",") if w]
+    if only:
+        names = [n for n in names if any(w in n for w in only)] or names
     weights = [MUTATORS[n][1] for n in names]
     return rng.choices(names, weights)[0]
 

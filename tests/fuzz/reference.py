@@ -437,6 +437,10 @@ class Reference:
     #: Indexes whose CRCs match but whose entries contradict the segment: a read through them
     #: may fail (naming the index), never return other rows; validate reports them.
     index_lies: list[str] = field(default_factory=list)
+    #: Records of the batches of corrupt segments that are intact on their own (CRC-32 and
+    #: records): what a read through a batch index, which checks only the batches it reads
+    #: (kbs-format.md §7), may return from such a segment.
+    intact_batches: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"layout": self.layout, "verdict": self.verdict, "reasons": self.reasons[:20],
@@ -466,6 +470,8 @@ def _decode_all(jobs: list[tuple], decode: Any, ref: Reference) -> dict:
             ref.corrupt.append(path)
             ref.reasons.append(str(e))
             ref.salvaged.extend((*key, *r) for r in salvage)
+            if path.endswith(".kbs"):
+                ref.intact_batches.extend((*key, *r) for r in intact_kbs_batches(path))
     return out
 
 
@@ -1028,3 +1034,55 @@ def _check_batch_index(path: str, s: KbsSegment, file_crc: int, entry: dict, ref
                 break
     if lie is not None:
         ref.index_lies.append(f"{ipath}: {lie}")
+
+
+def intact_kbs_batches(path: str) -> list:
+    """Records of each batch of a (corrupt) KBS segment that holds up on its own: its CRC-32
+    matching, its frame and records decoding."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if len(data) < 32 or data[:4] != b"KBS1" or data[5] not in (0, 1, 2):
+        return []
+    codec = data[5]
+    # Where batches start: walking their headers from byte 32, and (a search aid only: each
+    # batch found is checked on its own) the positions its batch index lists, if any.
+    starts = set()
+    pos = 32
+    while pos + 24 <= len(data):
+        starts.add(pos)
+        csize = struct.unpack_from("<I", data, pos + 12)[0]
+        pos += 24 + csize
+    try:
+        with open(path[: -len(".kbs")] + ".index", "rb") as f:
+            idx = f.read()
+        count = struct.unpack_from("<I", idx, 8)[0] if len(idx) >= 16 else 0
+        starts.update(struct.unpack_from("<Q", idx, 16 + 40 * i + 16)[0]
+                      for i in range(count) if 16 + 40 * (i + 1) <= len(idx))
+    except OSError:
+        pass
+    out: list = []
+    for pos in sorted(starts):
+        if pos < 32 or pos + 24 > len(data):
+            continue
+        base, rc, csize, usize, bcrc = struct.unpack_from("<QIIII", data, pos)
+        if rc == 0 or pos + 24 + csize > len(data):
+            continue
+        comp = data[pos + 24:pos + 24 + csize]
+        if crc32(comp) != bcrc:
+            continue
+        try:
+            if codec == 0:
+                if csize != usize:
+                    raise Invalid("sizes")
+                raw = comp
+            elif codec == 1:
+                raw = lz4_frame_exact(comp, usize, path)
+            else:
+                raw = zstd_exact(comp, usize, path)
+            out.extend(decode_kbs_records(raw, base, rc, path))
+        except Invalid:
+            pass
+    return out
