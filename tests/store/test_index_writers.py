@@ -53,9 +53,9 @@ def manifest(root: Path) -> dict:
     return json.loads((root / "manifest.json").read_text())
 
 
-def check_indexes(url: str) -> int:
+def check_indexes(url: str, so: dict | None = None) -> int:
     """Every segment has an index the manifest names, agreeing with the segment read whole."""
-    b = KbsBackup.open(url)
+    b = KbsBackup.open(url, so)
     assert b.manifest is not None and b.manifest.version == "1.2"
     for ref in b.segments():
         assert ref.index_crc32 is not None, ref.path
@@ -208,6 +208,19 @@ def test_add_indexes_to_old_backup(tmp_path: Path, version: str) -> None:
     fixed = add_indexes(url)
     assert fixed.committed is not None and list(fixed.rebuilt) == [str(victim).replace(".index", ".kbs")]
     assert check_indexes(url) == report.segments
+
+
+def test_add_indexes_on_s3(s3_root: str, s3_storage_options: dict) -> None:
+    url = f"{s3_root}/b-{uuid.uuid4().hex[:6]}"
+    so = s3_storage_options
+    with BackupWriter(url, so, index=False, segment_max_bytes=100_000, batch_max_bytes=4_000) as w:
+        w.write_columns("t", 0, records(5_000))
+    report = add_indexes(url, so)
+    assert report.indexed == report.segments > 2 and report.committed is not None
+    assert check_indexes(url, so) == report.segments
+    assert add_indexes(url, so).committed is None
+    t = fsspec_kbs.read_table(url, storage_options=so, start_offset=2_000, end_offset=2_010)
+    assert t.column("offset").to_pylist() == list(range(2_000, 2_010))
 
 
 def test_kbs_index_cli(tmp_path: Path) -> None:
