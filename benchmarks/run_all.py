@@ -2,7 +2,7 @@
 
 ``--quick`` shrinks the data (a smoke run); ``--no-memory`` skips the 5 GB streaming test;
 ``--plot-only`` redraws ``docs/performance-throughput.png`` from the JSON results.
-Results: ``benchmarks/results/{read,write,memory}.json``.
+Results: ``benchmarks/results/{read,write,pure_python,index_read,memory}.json``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import memory, pure_python, read, write
+from benchmarks import index_read, memory, pure_python, read, write
 from benchmarks.common import RESULTS
 
 PLOT = Path(__file__).resolve().parents[1] / "docs" / "performance-throughput.png"
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         read.main(["--quick"] if args.quick else [])
         write.main(["--quick"] if args.quick else [])
         pure_python.main(["--mb", "2"] if args.quick else [])
+        index_read.main(["--quick"] if args.quick else [])
         if not args.no_memory:
             memory.main(["--gb", "1"] if args.quick else [])
     plot()

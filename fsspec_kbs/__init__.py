@@ -34,6 +34,7 @@ from fsspec_kbs.store import (
 )
 from fsspec_kbs.store.oso_backup import OsoBackup
 from fsspec_kbs.tools.compact import compact_backup
+from fsspec_kbs.tools.index import add_indexes
 from fsspec_kbs.tools.retain import retain_backup
 
 __version__ = "0.1.0"
@@ -59,6 +60,7 @@ __all__ = [
     "SegmentFormatError",
     "SegmentRef",
     "UnsupportedVersionError",
+    "add_indexes",
     "compact_backup",
     "convert_backup",
     "import_log",

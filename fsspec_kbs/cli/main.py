@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "fsspec_kbs.cli.convert_cmds",
     "fsspec_kbs.cli.kafka_cmds",
     "fsspec_kbs.cli.repair_cmds",
+    "fsspec_kbs.cli.index_cmds",
 )
 
 

@@ -52,7 +52,8 @@ _STATS = tuple(SegmentStats.__dataclass_fields__)
 
 @dataclass
 class KbsCommitMessage(WriterCommitMessage):
-    """What one task staged: segment dicts (topic, partition, seq, path, SegmentStats fields).
+    """What one task staged: segment dicts (topic, partition, seq, path, SegmentStats fields,
+    ``index_crc32`` of the batch index staged beside the segment).
 
     ``assigned`` lists ``"topic/partition"`` keys whose offsets the task numbered itself
     (the input had no offsets); the driver may shift those to follow earlier tasks.
@@ -165,7 +166,8 @@ class KbsWriter(DataSourceArrowWriter):
             self._discard(staged)
             raise KbsError(f"write to {o.path} was aborted while task {task_index} ran")
         segments = [
-            {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats)}
+            {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats),
+             "index_crc32": w.index_crc32}
             for w in staged.written_segments
         ]
         return KbsCommitMessage(task_index, task_id, segments, sorted(assigned), records)
@@ -217,7 +219,7 @@ class KbsWriter(DataSourceArrowWriter):
                     continue
                 for _, seg in items:
                     # Raises OffsetOrderError when an append would make offsets go backwards.
-                    adopter.adopt_segment(topic, partition, seg["path"], _stats(seg))
+                    adopter.adopt_segment(topic, partition, seg["path"], _stats(seg), seg.get("index_crc32"))
             try:
                 adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
             finally:
@@ -243,7 +245,7 @@ class KbsWriter(DataSourceArrowWriter):
             if m is not task:
                 task, shift = m, next_offset - seg["first_offset"]
             if shift == 0:
-                adopter.adopt_segment(topic, partition, seg["path"], _stats(seg))
+                adopter.adopt_segment(topic, partition, seg["path"], _stats(seg), seg.get("index_crc32"))
             else:
                 adopter.rewrite_segment(topic, partition, seg["path"], shift)  # type: ignore[arg-type]
             next_offset = seg["last_offset"] + shift + 1  # type: ignore[operator]

@@ -28,7 +28,16 @@ from fsspec_kbs.format.batch_index import (
 )
 from fsspec_kbs.format.codecs import Codec
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
-from fsspec_kbs.format.segment import HEADER_SIZE, Decoded, DecodeTask, SegmentHeader, iter_checked
+from fsspec_kbs.format.segment import (
+    BATCH_HEADER_SIZE,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    Decoded,
+    DecodeTask,
+    SegmentFooter,
+    SegmentHeader,
+    iter_checked,
+)
 
 SEGMENT_SUFFIX = ".kbs"
 
@@ -86,14 +95,14 @@ class IndexedSource:
     and checked (§7) in order, not filtered to a query.
 
     The first :meth:`decode_tasks` call fetches all byte ranges, coalesced (``gap``), and the
-    32-byte segment header with one ``fs.cat_ranges`` call, so everything selected is in
+    32-byte segment header and 16-byte footer with one ``fs.cat_ranges`` call, so everything selected is in
     memory at once: for a selection near the whole segment, read the segment instead. The
     header gives the codec (which must equal ``codec`` when given) and its CRC-64 must equal
     ``crc64`` (the manifest's) when given: a segment replaced after its index was written is
-    caught. The segment CRC-64 itself cannot be checked without reading the whole segment;
-    each batch's CRC-32 is. ``read_header=False`` (needs ``codec``) skips the header: one
-    request less when the selection does not start near it, without the ``crc64`` and
-    first-offset checks.
+    caught; the footer must end the file where the index says and agree with its batch count
+    and last entry. The segment CRC-64 itself cannot be checked without reading the whole
+    segment; each batch's CRC-32 is. ``read_header=False`` (needs ``codec``) skips header and
+    footer: fewer requests when the selection is far from both, without those checks.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchIndex,
@@ -113,8 +122,16 @@ class IndexedSource:
         chunks = _split(index, self.runs, max_chunk_bytes)
         if not chunks:
             return
-        head = [(0, HEADER_SIZE)] if self.read_header else []
-        wanted = coalesce([*head, *index.byte_ranges(chunks)], self.gap)
+        size = index.segment_size
+        # The segment's header and footer too (48 bytes, in the same call): a footer that does
+        # not end the file where the index says, or disagrees with it, is caught here.
+        ends = [(0, HEADER_SIZE), (size - FOOTER_SIZE, size)] if self.read_header else []
+        # The header of the batch after each run (it adjoins the run: no extra request) must
+        # start where its entry says: a base offset raised in a CRC-valid index cannot hide
+        # that batch from an offset query ending below its real first record.
+        nexts = [int(index.position[stop]) for _, stop in self.runs if stop < len(index)]
+        wanted = coalesce([*ends, *((p, p + BATCH_HEADER_SIZE) for p in nexts), *index.byte_ranges(chunks)],
+                          self.gap)
         blobs = self.fs.cat_ranges([path] * len(wanted), [s for s, _ in wanted], [e for _, e in wanted],
                                    on_error="raise")
         for (s, e), blob in zip(wanted, blobs, strict=True):
@@ -124,6 +141,9 @@ class IndexedSource:
         codec = self.codec
         if self.read_header:
             codec = _check_header(blobs[0][:HEADER_SIZE], path, index, codec, self.crc64).codec
+            _check_footer(_slice(wanted, blobs, size - FOOTER_SIZE, size), path, index)
+        for p in nexts:
+            _check_next(_slice(wanted, blobs, p, p + BATCH_HEADER_SIZE), p, path, index)
         assert codec is not None
         k = 0
         for first, stop in chunks:
@@ -184,6 +204,35 @@ def _check_header(data: bytes, segment_path: str, index: BatchIndex, codec: Code
         raise BatchIndexError(f"header first offset {header.first_offset} but the index's first batch starts "
                               f"at {index.base[0]}", segment_path, 8, segment_path, index.index_path)
     return header
+
+
+def _slice(wanted: Sequence[tuple[int, int]], blobs: Sequence[bytes], start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of the file from the fetched ranges (one of them holds them)."""
+    for (s, e), blob in zip(wanted, blobs, strict=True):
+        if s <= start and end <= e:
+            return blob[start - s:end - s]
+    raise AssertionError(f"bytes {start}..{end} were not fetched")
+
+
+def _check_next(head: bytes, pos: int, segment_path: str, index: BatchIndex) -> None:
+    """The batch header at ``pos`` (the batch after a run) has its entry's base offset."""
+    i = int(index.position.searchsorted(pos))
+    base = int.from_bytes(head[:8], "little")
+    if base != int(index.base[i]):
+        raise BatchIndexError(f"batch {i} base offset is {base} but the index says {index.base[i]}",
+                              segment_path, pos, segment_path, index.index_path)
+
+
+def _check_footer(tail: bytes, segment_path: str, index: BatchIndex) -> None:
+    """The segment footer agrees with the index: same batch count, last offset in the last entry."""
+    footer = SegmentFooter.parse_tail(tail, index.segment_size, segment_path)
+    if footer.batch_count != len(index):
+        raise BatchIndexError(f"footer counts {footer.batch_count} batches but the index has {len(index)} entries",
+                              segment_path, index.segment_size - 8, segment_path, index.index_path)
+    if len(index) and not int(index.base[-1]) <= footer.last_offset <= int(index.last[-1]):
+        raise BatchIndexError(f"footer last offset {footer.last_offset} is outside the index's last batch "
+                              f"{index.base[-1]}..{index.last[-1]}", segment_path, index.segment_size - FOOTER_SIZE,
+                              segment_path, index.index_path)
 
 
 def _split(index: BatchIndex, runs: Sequence[tuple[int, int]], max_bytes: int) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.store import manifest_json
 from fsspec_kbs.store.names import check_backup_id, check_topic, parse_segment_name
 
-WRITE_VERSION = "1.1"
+WRITE_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 
 # Ranges of the fields (kbs-format.md: offsets and sizes are unsigned, Kafka's offsets < 2^63).

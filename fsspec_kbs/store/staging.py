@@ -26,8 +26,14 @@ class SegmentAdopter(BackupWriter):
     with :meth:`write_columns` is allowed and keeps the order of the calls.
     """
 
-    def adopt_segment(self, topic: str, partition: int, staged_path: str, stats: SegmentStats) -> WrittenSegment:
+    def adopt_segment(self, topic: str, partition: int, staged_path: str, stats: SegmentStats,
+                      index_crc32: int | None = None) -> WrittenSegment:
         """Make a staged segment file (inside the backup) the partition's next segment at commit.
+
+        ``index_crc32`` is the CRC-32 of its batch index, staged beside it (the staging
+        writer's :attr:`WrittenSegment.index_crc32`): the index is moved with the segment and
+        named in the manifest. None adopts the segment without an index. Both files are
+        checked (size and CRC) when the commit moves them.
 
         Raises
         ------
@@ -45,7 +51,7 @@ class SegmentAdopter(BackupWriter):
                 f"segment {staged_path} of {topic}/{partition} starts at offset {stats.first_offset}, "
                 f"not above the partition's last offset {part.last_offset}: offsets must keep "
                 "increasing per partition (also across appends)")
-        written = WrittenSegment(topic, partition, len(part.new), staged_path, stats)
+        written = WrittenSegment(topic, partition, len(part.new), staged_path, stats, index_crc32)
         part.last_offset = stats.last_offset
         part.uncompressed += stats.uncompressed_bytes
         part.new.append(written)  # numbered and moved at commit, with the others
@@ -57,7 +63,8 @@ class SegmentAdopter(BackupWriter):
         """Decode a staged segment, add ``shift`` to every offset and write the records here.
 
         Used when records got provisional offsets in the staging area; the output is rolled
-        into segments by this writer's own limits. The staged file is left for the caller
+        into segments by this writer's own limits, with new batch indexes (the staged one's
+        offsets are the provisional ones). The staged file is left for the caller
         to delete with the rest of the staging area.
         """
         self._check_open()

@@ -8,7 +8,8 @@ Like Delta Lake's log (docs/format-decisions.md, "Commit protocol"):
    writer made.
 3. :meth:`Transaction.commit` claims commit ``n+1`` by creating ``_commits/NNNNNNNN.json``
    create-only. The record holds the full new manifest, the staged -> final moves (size and
-   header CRC-64 of each final file) and the files to delete, so that anyone can finish it.
+   header CRC-64 of each final segment; size and whole-file CRC-32 of each batch index, which
+   has no CRC-64 header) and the files to delete, so that anyone can finish it.
 4. Only the creator publishes; a loser re-reads the winner's record and rebases (appends
    after appends) or raises :class:`CommitConflictError` after deleting its own staging.
 5. :func:`roll_forward` applies a record idempotently: overwrite removes ``manifest.json``
@@ -30,6 +31,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_kbs.errors import CommitConflictError, CommitError, ManifestError
+from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.store.commit import (
     COMMIT_FIELD,
     STAGING_DIR,
@@ -58,6 +60,8 @@ class Move:
     size: int
     #: Header CRC-64 of a KBS segment (bytes 24..32); None for other files.
     crc64: int | None = None
+    #: CRC-32 of the whole file: batch indexes (kbs-format.md §7), the manifest's ``index_crc32``.
+    crc32: int | None = None
 
 
 @dataclass
@@ -74,7 +78,11 @@ class CommitRecord:
     staging: str | None = None
 
     def to_json(self) -> bytes:
-        return (json.dumps(asdict(self), indent=1) + "\n").encode("utf-8")
+        doc = asdict(self)
+        for m in doc["moves"]:  # only index moves have one: other records read as before
+            if m["crc32"] is None:
+                del m["crc32"]
+        return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> CommitRecord:
@@ -157,10 +165,20 @@ def _header_crc(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
     return int.from_bytes(head, "little") if len(head) == 8 else None
 
 
+def _file_crc32(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
+    try:
+        return crc32(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
 def _in_place(fs: fsspec.AbstractFileSystem, final: str, move: Move, sizes: dict[str, int]) -> bool:
-    """The final file is there with the expected size and header CRC-64."""
+    """The final file is there with the expected size and header CRC-64 (segments) or
+    whole-file CRC-32 (batch indexes: small, and without a CRC-64 header)."""
     size = sizes.get(fs._strip_protocol(final))
     if size != move.size:
+        return False
+    if move.crc32 is not None and _file_crc32(fs, final) != move.crc32:
         return False
     return move.crc64 is None or _header_crc(fs, final) == move.crc64
 
@@ -248,7 +266,8 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
             if not _in_place(fs, f"{path}/{m.dst}", m, sizes):
                 raise CommitError(
                     f"{path}/{m.dst}: staged file {path}/{m.src} of commit {record.version} is missing or "
-                    f"damaged (expected {m.size} bytes, crc64 {m.crc64})")
+                    f"damaged (expected {m.size} bytes, " + (f"crc32 {m.crc32})" if m.crc32 is not None
+                                                             else f"crc64 {m.crc64})"))
     # A later commit exists: this record was finished by someone else, who may since have
     # replaced these files; deleting or publishing now would undo that commit.
     if _superseded(fs, path, record):

@@ -1,13 +1,17 @@
-"""Operations on whole backups: Kafka-style compaction and retention (docs/compaction-retention.md)."""
+"""Operations on whole backups: Kafka-style compaction and retention (docs/compaction-retention.md),
+adding batch indexes to old backups."""
 
 from fsspec_kbs.tools.compact import CompactionReport, CompactionWarning, compact_backup, keep_mask
+from fsspec_kbs.tools.index import IndexReport, add_indexes
 from fsspec_kbs.tools.retain import RetentionReport, plan_retention, retain_backup
 from fsspec_kbs.tools.units import parse_duration, parse_size
 
 __all__ = [
     "CompactionReport",
     "CompactionWarning",
+    "IndexReport",
     "RetentionReport",
+    "add_indexes",
     "compact_backup",
     "keep_mask",
     "parse_duration",

@@ -10,7 +10,8 @@ Semantics (docs/compaction-retention.md), per partition, in Kafka's order:
    dropped while ``excess - segment bytes >= 0`` (Kafka's ``retention.bytes`` rule: the partition
    never goes below the limit by more than one segment's size).
 
-Kept segments are copied byte for byte to the new backup, renumbered from ``segment-00000000``
+Kept segments are copied byte for byte to the new backup (with a batch index rebuilt from each),
+renumbered from ``segment-00000000``
 (the manifest requires sequence numbers to start at 0); they are staged and committed with the
 commit protocol (:mod:`fsspec_kbs.store.txn`), so a reader sees either no backup (or the one
 replaced) or the whole retained one.
@@ -26,7 +27,10 @@ from fsspec.core import url_to_fs
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format import SegmentReader
+from fsspec_kbs.format.batch_index import encode_index, index_from_segment
+from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
+from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
@@ -195,17 +199,21 @@ def retain_backup(
                 uncompressed += sum(b.uncompressed_size for b in reader.batches())
                 staged = f"{partition_dir(txn.staging, topic, partition)}/{segment_name(seq)}"
                 put_file(fs, staged, data)
-                moves.append(Move(txn.relative(staged), txn.relative(
-                    f"{partition_dir(path, topic, partition)}/{segment_name(seq)}"), len(data),
-                    reader.header.checksum))
-                mn, mx = ref.min_timestamp, ref.max_timestamp
-                if mn is None or mx is None:
-                    stamps = [c.timestamps for c in reader.iter_columns() if len(c)]
-                    mn = min(int(s.min()) for s in stamps) if stamps else None
-                    mx = max(int(s.max()) for s in stamps) if stamps else None
+                final = f"{partition_dir(path, topic, partition)}/{segment_name(seq)}"
+                moves.append(Move(txn.relative(staged), txn.relative(final), len(data), reader.header.checksum))
+                # The batch index (kbs-format.md §7) is rebuilt from the segment, which is read
+                # whole and checked anyway: a damaged or missing source index is not carried over.
+                stamps = index_from_segment(reader)
+                index = encode_index(stamps)
+                put_file(fs, index_path(staged), index)
+                moves.append(Move(txn.relative(index_path(staged)), txn.relative(index_path(final)), len(index),
+                                  crc32=crc32(index)))
+                mn = int(stamps["min_timestamp"].min()) if len(stamps) else None
+                mx = int(stamps["max_timestamp"].max()) if len(stamps) else None
                 entries.append(SegmentEntry(
                     segment_name(seq), reader.header.first_offset, reader.footer.last_offset,
-                    reader.header.record_count, mn, mx, len(data), reader.header.checksum))
+                    reader.header.record_count, mn, mx, len(data), reader.header.checksum,
+                    index_crc32=crc32(index)))
             if entries:
                 topics.setdefault(topic, []).append(PartitionEntry(
                     partition, entries[0].first_offset, entries[-1].last_offset,

@@ -11,6 +11,7 @@ import pytest
 import fsspec_kbs
 from fsspec_kbs.errors import CommitConflictError, InvalidNameError, OffsetOrderError
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.store import BackupWriter, KbsBackup
 from tests.conftest import table_rows
 
@@ -33,11 +34,15 @@ def test_rolls_by_record_count_and_indexes_segments(tmp_path: Path) -> None:
     assert p.segment_index[2].first_offset == 80 and p.segment_index[2].last_offset == 219
     assert (p.first_offset, p.last_offset, p.records) == (0, 249, 150)
     assert m.time_range == {"earliest_timestamp": 500, "latest_timestamp": 1099}
-    files = sorted((tmp_path / "b/topics/t/0").iterdir())
+    files = sorted((tmp_path / "b/topics/t/0").glob("*.kbs"))
     assert [f.stat().st_size for f in files] == [s.size_bytes for s in p.segment_index]
+    # A batch index (kbs-format.md §7) beside each segment, named by the manifest's index_crc32.
+    indexes = sorted((tmp_path / "b/topics/t/0").glob("*.index"))
+    assert [f.name for f in indexes] == [f"segment-0000000{i}.index" for i in range(4)]
+    assert [crc32(f.read_bytes()) for f in indexes] == [s.index_crc32 for s in p.segment_index]
     assert m.statistics["compressed_bytes"] == sum(s.size_bytes for s in p.segment_index)
     doc = json.loads((tmp_path / "b/manifest.json").read_text())
-    assert doc["version"] == "1.1" and doc["statistics"]["records"] == 150
+    assert doc["version"] == "1.2" and doc["statistics"]["records"] == 150
 
 
 def test_rolls_by_size(tmp_path: Path) -> None:

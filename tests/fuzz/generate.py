@@ -2,8 +2,10 @@
 
 Each base is a directory ``<bases>/<name>/<backup-id>/``. Kinds:
 
-* ``kbs11-<codec>-<n>``: KBS manifest 1.1 (several topics/partitions/segments/batches);
-* ``kbs10-<codec>-<n>``: the same stripped to a 1.0 manifest (no segment_index, version "1.0");
+* ``kbs12-<codec>-<n>``: KBS manifest 1.2 with a batch index per segment (several
+  topics/partitions/segments/batches);
+* ``kbs10-<codec>-<n>``: the same stripped to a 1.0 manifest (no segment_index, version "1.0")
+  and without the index files (1.0 cannot name them);
 * ``oso-<codec>-<n>``: the OSO kafka-backup tool's layout (written by ``convert_backup(to="oso")``);
 * ``conf-...``: copies of ``/work/shared/conformance/{valid,oso-native}`` when present.
 """
@@ -18,6 +20,9 @@ from pathlib import Path
 
 CONFORMANCE = Path(os.environ.get("KBS_CONFORMANCE", "/work/shared/conformance"))
 CODECS = ("none", "lz4", "zstd")
+#: Part of the base cache's directory name: bump it when the bases' content changes
+#: (2: written as KBS 1.2, with batch indexes).
+BASES_VERSION = 2
 
 
 def _records(rng: random.Random, n: int) -> dict:
@@ -81,6 +86,8 @@ def to_v10(backup: Path) -> None:
         for p in t["partitions"]:
             p.pop("segment_index", None)
     mp.write_text(json.dumps(m, indent=2))
+    for index in backup.rglob("segment-*.index"):
+        index.unlink()
 
 
 def write_oso(src: Path, dst: Path, codec: str, seed: int) -> Path:
@@ -103,7 +110,7 @@ def make_bases(root: Path, per_kind: int = 2, seed: int = 0) -> list[Path]:
     for codec in CODECS:
         for n in range(per_kind):
             s = seed * 1000 + CODECS.index(codec) * 10 + n
-            b = write_kbs(root / f"kbs11-{codec}-{n}", codec, s)
+            b = write_kbs(root / f"kbs12-{codec}-{n}", codec, s)
             out.append(b)
             c = root / f"kbs10-{codec}-{n}" / "backup-1"
             shutil.copytree(b, c)

@@ -4,6 +4,7 @@ returns a JSON-able description. Independent of fsspec_kbs (uses the reference's
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -1031,9 +1032,109 @@ def applicable(lay: str) -> list[str]:
 
 def choose(lay: str, rng: random.Random) -> str:
     names = applicable(lay)
+    # KBS_FUZZ_MUTATORS=a,b (substrings): only those mutators (e.g. "index" for the index ones).
+    only = [w for w in os.environ.get("KBS_FUZZ_MUTATORS", "").split(",") if w]
+    if only:
+        names = [n for n in names if any(w in n for w in only)] or names
     weights = [MUTATORS[n][1] for n in names]
     return rng.choices(names, weights)[0]
 
 
 def apply(name: str, b: Path, rng: random.Random) -> dict:
     return MUTATORS[name][2](b, rng)
+
+
+# -- batch indexes (kbs-format.md §7) -------------------------------------------------------------
+def _indexes(b: Path) -> list[Path]:
+    found = sorted(p for p in (b / "topics").glob("*/*/segment-*.index") if p.is_file())
+    if not found:
+        raise Skip("no batch index")
+    return found
+
+
+def _set_index_crc(b: Path, index: Path, crc: int) -> None:
+    """Point the manifest's index_crc32 of ``index``'s segment at ``crc``."""
+    m = load_manifest(b)
+    topic, part, seg = index.parent.parent.name, index.parent.name, index.name[:-len(".index")] + ".kbs"
+    for t in m.get("topics", []):
+        for p in t.get("partitions", []) if t.get("name") == topic else []:
+            for e in p.get("segment_index") or [] if str(p.get("partition")) == part else []:
+                if isinstance(e, dict) and e.get("file") == seg:
+                    e["index_crc32"] = crc
+    save_manifest(b, m)
+
+
+@mutator(("kbs",), 2)
+def index_byteflip(b: Path, rng: random.Random) -> dict:
+    """Flip bytes of an index file (its CRCs no longer match: readers must not use it)."""
+    p = rng.choice(_indexes(b))
+    data = bytearray(p.read_bytes())
+    i = rng.randrange(len(data))
+    data[i] ^= 1 << rng.randrange(8)
+    p.write_bytes(bytes(data))
+    return {"file": rel(b, p), "byte": i}
+
+
+@mutator(("kbs",), 1)
+def index_truncate_or_remove(b: Path, rng: random.Random) -> dict:
+    p = rng.choice(_indexes(b))
+    how = rng.choice(("truncate", "extend", "remove", "empty"))
+    if how == "remove":
+        p.unlink()
+    elif how == "empty":
+        p.write_bytes(b"")
+    elif how == "extend":
+        p.write_bytes(p.read_bytes() + bytes(rng.randrange(1, 80)))
+    else:
+        data = p.read_bytes()
+        p.write_bytes(data[: rng.randrange(len(data))])
+    return {"file": rel(b, p), "how": how}
+
+
+@mutator(("kbs",), 4)
+def index_forge_entry(b: Path, rng: random.Random) -> dict:
+    """Change one field of one entry, recompute the entries' CRC and (mostly) the manifest's
+    index_crc32: an index that lies with every checksum intact."""
+    p = rng.choice(_indexes(b))
+    data = bytearray(p.read_bytes())
+    count = struct.unpack_from("<I", data, 8)[0]
+    if count == 0:
+        raise Skip("empty index")
+    i = rng.randrange(count)
+    field_no = rng.randrange(5)
+    at = 16 + 40 * i + 8 * field_no
+    fmt = "<Q" if field_no < 3 else "<q"
+    old = struct.unpack_from(fmt, data, at)[0]
+    delta = rng.choice((-1, 1, -5, 5, -100, 100, 1 << 20, -(1 << 20)))
+    new = old + delta
+    if fmt == "<Q":
+        new %= 1 << 64
+    else:
+        new = max(-(1 << 63), min((1 << 63) - 1, new))
+    struct.pack_into(fmt, data, at, new)
+    struct.pack_into("<I", data, 12, crc32(bytes(data[16:])))
+    p.write_bytes(bytes(data))
+    desc = {"file": rel(b, p), "entry": i, "field": ("base", "last", "position", "min_ts", "max_ts")[field_no],
+            "old": old, "new": new}
+    if rng.random() < 0.85:
+        _set_index_crc(b, p, crc32(bytes(data)))
+        desc["manifest_crc"] = "recomputed"
+    return desc
+
+
+@mutator(("kbs",), 1)
+def index_swap(b: Path, rng: random.Random) -> dict:
+    """Swap two index files (optionally with the manifest's index_crc32 following them)."""
+    found = _indexes(b)
+    if len(found) < 2:
+        raise Skip("one index")
+    x, y = rng.sample(found, 2)
+    dx, dy = x.read_bytes(), y.read_bytes()
+    x.write_bytes(dy)
+    y.write_bytes(dx)
+    desc = {"files": [rel(b, x), rel(b, y)]}
+    if rng.random() < 0.5:
+        _set_index_crc(b, x, crc32(dy))
+        _set_index_crc(b, y, crc32(dx))
+        desc["manifest_crc"] = "recomputed"
+    return desc

@@ -333,6 +333,8 @@ class KbsSegment:
     size: int
     crc64: int
     batches: int
+    #: (position, base offset, last offset, min timestamp, max timestamp) of each batch.
+    batch_info: list = field(default_factory=list)
 
 
 def decode_kbs_segment(path: str, salvage: list | None = None) -> KbsSegment:
@@ -363,6 +365,7 @@ def decode_kbs_segment(path: str, salvage: list | None = None) -> KbsSegment:
     nb = 0
     unc = 0
     prev_last = -1
+    infos: list = []
     while pos < end:
         if end - pos < 24:
             raise Invalid(f"{w} at {pos}: partial batch header")
@@ -393,6 +396,8 @@ def decode_kbs_segment(path: str, salvage: list | None = None) -> KbsSegment:
             raise Invalid(bad) from None
         if salvage is not None:
             salvage.extend(brecs)
+        bts = [r[1] for r in brecs]
+        infos.append((pos, base, brecs[-1][0], min(bts), max(bts)))
         recs.extend(brecs)
         prev_last = brecs[-1][0]
         unc += usize
@@ -411,7 +416,7 @@ def decode_kbs_segment(path: str, salvage: list | None = None) -> KbsSegment:
         raise Invalid(f"{w}: empty segment with nonzero offsets")
     if count != len(recs):
         raise Invalid(f"{w}: header record count {count} != {len(recs)}")
-    return KbsSegment(codec, first, recs, unc, size, crc, nb)
+    return KbsSegment(codec, first, recs, unc, size, crc, nb, infos)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,10 +431,21 @@ class Reference:
     partial: list = field(default_factory=list)
     salvaged: list = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
+    #: Batch indexes (kbs-format.md §7) a reader must not use (missing, a CRC does not match,
+    #: unknown version): reads fall back to the segment and are right; validate reports them.
+    index_damaged: list[str] = field(default_factory=list)
+    #: Indexes whose CRCs match but whose entries contradict the segment: a read through them
+    #: may fail (naming the index), never return other rows; validate reports them.
+    index_lies: list[str] = field(default_factory=list)
+    #: Records of the batches of corrupt segments that are intact on their own (CRC-32 and
+    #: records): what a read through a batch index, which checks only the batches it reads
+    #: (kbs-format.md §7), may return from such a segment.
+    intact_batches: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"layout": self.layout, "verdict": self.verdict, "reasons": self.reasons[:20],
-                "records": len(self.records), "corrupt": self.corrupt}
+                "records": len(self.records), "corrupt": self.corrupt,
+                "index_damaged": self.index_damaged[:5], "index_lies": self.index_lies[:5]}
 
 
 def _listdir(p: str) -> list[str]:
@@ -454,6 +470,8 @@ def _decode_all(jobs: list[tuple], decode: Any, ref: Reference) -> dict:
             ref.corrupt.append(path)
             ref.reasons.append(str(e))
             ref.salvaged.extend((*key, *r) for r in salvage)
+            if path.endswith(".kbs"):
+                ref.intact_batches.extend((*key, *r) for r in intact_kbs_batches(path))
     return out
 
 
@@ -469,7 +487,7 @@ def disk_truth(backup_dir: str, ref: Reference) -> None:
                 continue
             for fn in _listdir(os.path.join(tdir, t, pd)):
                 path = os.path.join(tdir, t, pd, fn)
-                if not fn.startswith("segment-") or not os.path.isfile(path):
+                if not fn.startswith("segment-") or fn.endswith(".index") or not os.path.isfile(path):
                     continue
                 salvage: list = []
                 try:
@@ -678,6 +696,10 @@ def _kbs(backup_dir: str, m: Any, ref: Reference, chk: Checker) -> None:
                         chk.eq(f"{ew}.{k} ({path})", chk.int_(e, k, ew), truth)
                 else:
                     chk.note(f"{path}: empty segment (index fields unchecked)")
+                if "index_crc32" in e:
+                    icrc = chk.int_(e, "index_crc32", ew, 0, 2**32 - 1, nullable=True)
+                    if icrc is not None:
+                        _check_batch_index(path, s, icrc, e, ref)
         tot_parts += 1
         tot_segs += len(files)
         tot_recs += n_recs
@@ -980,3 +1002,110 @@ def load_expected_jsonl(path: str) -> list:
 if __name__ == "__main__":
     r = decode_backup(sys.argv[1])
     print(json.dumps(r.to_json(), indent=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch index (kbs-format.md §7)
+
+def _check_batch_index(path: str, s: KbsSegment, file_crc: int, entry: dict, ref: Reference) -> None:
+    """Sort the segment's index into fine, damaged (not to be used) or lying (CRCs vouch for
+    entries that contradict the segment, or the manifest's claims about it)."""
+    ipath = path[: -len(".kbs")] + ".index"
+    if not os.path.isfile(ipath):
+        ref.index_damaged.append(f"{ipath}: missing")
+        return
+    with open(ipath, "rb") as f:
+        data = f.read()
+    if crc32(data) != file_crc:
+        ref.index_damaged.append(f"{ipath}: CRC-32 differs from the manifest's index_crc32")
+        return
+    if len(data) < 16:
+        ref.index_lies.append(f"{ipath}: shorter than its header")
+        return
+    magic, ver, flags, reserved, count, bcrc = struct.unpack_from("<4sBBHII", data, 0)
+    if magic != b"KBSI":
+        ref.index_lies.append(f"{ipath}: bad magic")
+        return
+    if ver != 1 or flags or reserved:
+        ref.index_damaged.append(f"{ipath}: unknown version or flags")
+        return
+    if len(data) != 16 + 40 * count:
+        ref.index_lies.append(f"{ipath}: size does not match its entry count")
+        return
+    if crc32(data[16:]) != bcrc:
+        ref.index_damaged.append(f"{ipath}: entries' CRC-32 differs from its header's")
+        return
+    # (base offset, last offset, position, min timestamp, max timestamp)
+    entries = [struct.unpack_from("<QQQqq", data, 16 + 40 * i) for i in range(count)]
+    lie = None
+    if count != len(s.batch_info):
+        lie = f"{count} entries for {len(s.batch_info)} batches"
+    else:
+        for i, ((base, last, pos, mn, mx), (tpos, tbase, tlast, tmn, tmx)) in enumerate(
+                zip(entries, s.batch_info, strict=True)):
+            nxt = entries[i + 1][0] if i + 1 < count else None
+            if (pos, base) != (tpos, tbase) or last < tlast or mn > tmn or mx < tmx or last >= 2**63 or (
+                    nxt is not None and last >= nxt) or mn > mx:
+                lie = f"entry {i} {entries[i]} contradicts batch {s.batch_info[i]}"
+                break
+    if lie is None and entries and s.records:
+        # A reader checks the index's range against the manifest's claims about the segment.
+        for k, mine in (("first_offset", entries[0][0]), ("last_offset", entries[-1][1]),
+                        ("min_timestamp", min(e[3] for e in entries)), ("max_timestamp", max(e[4] for e in entries))):
+            if entry.get(k) is not None and entry.get(k) != mine:
+                lie = f"its {k} {mine} differs from the manifest's {entry.get(k)}"
+                break
+    if lie is not None:
+        ref.index_lies.append(f"{ipath}: {lie}")
+
+
+def intact_kbs_batches(path: str) -> list:
+    """Records of each batch of a (corrupt) KBS segment that holds up on its own: its CRC-32
+    matching, its frame and records decoding."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if len(data) < 32 or data[:4] != b"KBS1" or data[5] not in (0, 1, 2):
+        return []
+    codec = data[5]
+    # Where batches start: walking their headers from byte 32, and (a search aid only: each
+    # batch found is checked on its own) the positions its batch index lists, if any.
+    starts = set()
+    pos = 32
+    while pos + 24 <= len(data):
+        starts.add(pos)
+        csize = struct.unpack_from("<I", data, pos + 12)[0]
+        pos += 24 + csize
+    try:
+        with open(path[: -len(".kbs")] + ".index", "rb") as f:
+            idx = f.read()
+        count = struct.unpack_from("<I", idx, 8)[0] if len(idx) >= 16 else 0
+        starts.update(struct.unpack_from("<Q", idx, 16 + 40 * i + 16)[0]
+                      for i in range(count) if 16 + 40 * (i + 1) <= len(idx))
+    except OSError:
+        pass
+    out: list = []
+    for pos in sorted(starts):
+        if pos < 32 or pos + 24 > len(data):
+            continue
+        base, rc, csize, usize, bcrc = struct.unpack_from("<QIIII", data, pos)
+        if rc == 0 or pos + 24 + csize > len(data):
+            continue
+        comp = data[pos + 24:pos + 24 + csize]
+        if crc32(comp) != bcrc:
+            continue
+        try:
+            if codec == 0:
+                if csize != usize:
+                    raise Invalid("sizes")
+                raw = comp
+            elif codec == 1:
+                raw = lz4_frame_exact(comp, usize, path)
+            else:
+                raw = zstd_exact(comp, usize, path)
+            out.extend(decode_kbs_records(raw, base, rc, path))
+        except Invalid:
+            pass
+    return out
