@@ -16,31 +16,8 @@ def df_rows(df) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 def add_batch_indexes(url: str) -> int:
-    """Give every segment of the local backup at ``url`` its batch index (spec §7) and list
-    ``index_crc32`` in ``manifest.json`` (version 1.2); returns how many were indexed.
+    """Give every segment of the local backup at ``url`` its batch index (spec §7), listed in
+    ``manifest.json`` (1.2): test helper until every writer writes indexes itself."""
+    from benchmarks.spark_read import index_backup
 
-    Test helper until every writer writes indexes itself: the index is built by decoding the
-    segment (:func:`~fsspec_kbs.format.batch_index.index_from_segment`).
-    """
-    import json
-    import zlib
-    from pathlib import Path
-
-    from fsspec_kbs.format.batch_index import encode_index, index_from_segment
-    from fsspec_kbs.format.segment import SegmentReader
-    from fsspec_kbs.store.batch_index import index_path
-
-    root = Path(url.removeprefix("file://"))
-    manifest = json.loads((root / "manifest.json").read_text())
-    n = 0
-    for topic in manifest["topics"]:
-        for part in topic["partitions"]:
-            for entry in part["segment_index"]:
-                path = root / "topics" / topic["name"] / str(part["partition"]) / entry["file"]
-                idx = encode_index(index_from_segment(SegmentReader(path.read_bytes(), str(path))))
-                Path(index_path(str(path))).write_bytes(idx)
-                entry["index_crc32"] = zlib.crc32(idx)
-                n += 1
-    manifest["version"] = "1.2"
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return n
+    return index_backup(url)

@@ -156,3 +156,30 @@ def test_offset_and_time_bounds_keep_only_matching_batches(backup: str) -> None:
     assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
     got = read_all(r, parts)
     assert got["offset"].to_pylist() == list(range(lo, lo + 500))
+
+
+def test_pushed_filters_read_only_matching_batches(backup: str) -> None:
+    """Spark's pushed filters (what ``.where`` gives the reader) narrow to batch ranges too."""
+
+    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
+
+    from fsspec_kbs.spark.reader import KbsPushdownReader
+
+    full = read_all(reader(backup, minPartitionBytes="0"))
+    p0 = full.filter(pa.compute.equal(full["partition"], 0))
+    r = KbsPushdownReader(parse_options({"path": backup, "minPartitionBytes": "0"}), COLS)
+    assert r.pushFilters([EqualTo(("partition",), 0), GreaterThanOrEqual(("offset",), 7000),
+                          LessThan(("offset",), 7300)]) == []
+    parts = r.partitions()
+    assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
+    assert read_all(r, parts)["offset"].to_pylist() == list(range(7000, 7300))
+
+    t0, t1 = (p0["timestamp"][i].as_py() for i in (12_000, 12_400))
+    r = KbsPushdownReader(parse_options({"path": backup, "minPartitionBytes": "0"}), COLS)
+    r.pushFilters([EqualTo(("partition",), 0), GreaterThanOrEqual(("timestamp",), t0.replace(tzinfo=None)),
+                   LessThan(("timestamp",), t1.replace(tzinfo=None))])
+    parts = r.partitions()
+    assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
+    want = p0.filter(pa.compute.and_(pa.compute.greater_equal(p0["timestamp"], pa.scalar(t0, p0["timestamp"].type)),
+                                     pa.compute.less(p0["timestamp"], pa.scalar(t1, p0["timestamp"].type))))
+    assert read_all(r, parts).equals(want)
