@@ -35,6 +35,7 @@ from fsspec_kbs.errors import (
     TruncatedSegmentError,
 )
 from fsspec_kbs.filters import ScanFilter
+from fsspec_kbs.format.batch_index import BatchIndex
 from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.spark.filters import scan_filter_from_dict, scan_filter_to_dict, translate
@@ -117,7 +118,15 @@ def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: 
     for ref in backup.check_time_bounds(refs):
         if ref.time_checked and ref.max_timestamp is not None and ref.max_timestamp < ts:
             continue
-        for cols in backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None)):
+        index = backup.batch_index(ref) if verify else None
+        if index is not None:
+            # One batch at a time, in offset order, among those whose max timestamp reaches ts:
+            # with increasing timestamps the first one read holds the answer.
+            chunks = (cols for i in np.flatnonzero(index.max_ts >= ts)
+                      for cols in read_runs(backup, ref, index, [(int(i), int(i) + 1)], verify))
+        else:
+            chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None))
+        for cols in chunks:
             hit = np.flatnonzero(cols.timestamps >= ts)
             if len(hit):
                 return int(cols.offsets[hit[0]])
@@ -526,16 +535,20 @@ def _batch_run(backup: KbsBackup, ref: SegmentRef, seg: dict, bounds: tuple,
     runs = [(max(x, a), min(y, b)) for x, y in index.select(*bounds) if min(y, b) > max(x, a)]
     if not runs:
         return iter(())
+    return read_runs(backup, ref, index, runs, verify)
+
+
+def read_runs(backup: KbsBackup, ref: SegmentRef, index: BatchIndex, runs: list[tuple[int, int]],
+              verify: bool = True) -> Iterator[RecordColumns | ViewColumns]:
+    """The records of the batch ``runs`` of ``ref`` (ranged reads through its ``index``; the
+    header checked against the ref's codec and CRC-64, every batch's CRC-32 and bounds); a
+    format error is re-diagnosed on the whole segment, as :meth:`KbsBackup.iter_columns` does."""
     codec = CODEC_BY_NAME[ref.codec] if ref.codec is not None else None
     source = IndexedSource(backup.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64)
-
-    def chunks() -> Iterator[RecordColumns | ViewColumns]:
-        try:
-            yield from iter_opened(OpenedSegment(ref, source, partial=True), CHUNK_BYTES)
-        except SegmentFormatError as err:
-            backup.rediagnose(ref, verify, err)
-
-    return chunks()
+    try:
+        yield from iter_opened(OpenedSegment(ref, source, partial=True), CHUNK_BYTES)
+    except SegmentFormatError as err:
+        backup.rediagnose(ref, verify, err)
 
 
 def spark_batch(cols: RecordColumns | ViewColumns, ref: SegmentRef, columns: list[str]) -> pa.RecordBatch:
