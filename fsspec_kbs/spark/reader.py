@@ -203,9 +203,16 @@ def split_by_batches(backup: KbsBackup, pieces: list[_Piece], max_bytes: int,
     runs of whole batches of at most ``max_bytes`` stored bytes (one batch at least) by the
     segment's batch index; only the batches that may hold a record in the piece's bounds are
     kept, so a task fetches exactly those bytes. Segments without a usable index stay whole."""
-    bounded = start_time is not None or end_time is not None
+    def cut(p: _Piece) -> bool:
+        """The bounds leave part of the segment out (or may: unknown extents)."""
+        r = p.ref
+        return ((p.start is not None and (r.first_offset is None or p.start > r.first_offset))
+                or (p.end is not None and (r.last_offset is None or p.end <= r.last_offset))
+                or (start_time is not None and (r.min_timestamp is None or start_time > r.min_timestamp))
+                or (end_time is not None and (r.max_timestamp is None or end_time <= r.max_timestamp)))
+
     big = {p.ref.path: p.ref for p in pieces if p.ref.index_crc32 is not None and p.ref.size_bytes is not None
-           and (bounded or p.start is not None or p.end is not None or p.weight() > max_bytes)}
+           and (p.weight() > max_bytes or cut(p))}
     if not big:
         return pieces
     # Reads all their indexes at once where the store can; a bad index: that segment is read
