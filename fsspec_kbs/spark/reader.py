@@ -2,7 +2,8 @@
 
 The driver reads ``manifest.json`` once (:meth:`KbsReader.partitions`); each input partition
 then carries everything its task needs as plain data (segment paths, sizes, CRCs, offsets,
-timestamps, index CRC, codec, layout, OSO size limits) and the CRC-32 of the manifest it was
+timestamps, index CRC, codec, layout, OSO size limits, and for a batch range of a large or
+bounded indexed segment its batches and byte range) and the CRC-32 of the manifest it was
 planned from. Executors build the backup object from the URL and those refs and never read
 the manifest; a segment that no longer matches its ref fails as :class:`BackupChangedError`.
 """
@@ -73,8 +74,10 @@ class KbsSegmentPartition(InputPartition):
 
     Holds only plain data: each entry of ``segments`` is ``{"ref": <SegmentRef fields>,
     "start": first offset (inclusive), "end": end offset (exclusive, None = open),
-    "limit": OSO decompressed-size bound or None}``; ``start_time``/``end_time`` are row
-    bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
+    "limit": OSO decompressed-size bound or None}``, and for a batch range of an indexed
+    segment also ``"batches": [first, stop]`` (index entries), ``"bytes": [start, end]``
+    (their stored bytes) and ``"run_offsets": [first, end or None]``; ``start_time``/``end_time``
+    are row bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
     """
 
     index: int

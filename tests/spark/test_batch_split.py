@@ -69,6 +69,11 @@ def test_large_segments_split_into_batch_ranges(backup: str) -> None:
     assert got.equals(want)
     # A run's partition stays small: refs and a few numbers, no index entries.
     assert max(len(pickle.dumps(p)) for p in parts) < 2000
+    # minPartitions splits runs further by offsets; each task still reads only its batches.
+    many = reader(backup, maxPartitionBytes=str(MIB), minPartitionBytes="0", minPartitions="100")
+    parts = many.partitions()
+    assert len(parts) >= 100
+    assert read_all(many, parts).equals(want)
 
 
 def test_split_reads_only_the_run_bytes(backup: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,6 +137,12 @@ def test_damaged_batch_in_a_run_is_an_error(backup: str, tmp_path: Path) -> None
     with pytest.raises(KbsError) as err:
         read_all(r, [parts[1]])
     assert str(path) in str(err.value)
+    # onCorrupt=skip drops that run (with a warning naming the file), never yields a wrong row.
+    from fsspec_kbs.spark.reader import KbsCorruptSegmentWarning
+
+    skip = reader(url, maxPartitionBytes=str(MIB), minPartitionBytes="0", onCorrupt="skip")
+    with pytest.warns(KbsCorruptSegmentWarning, match=str(path)):
+        assert [b for b in skip.read(parts[1])] == []
 
 
 def test_offset_and_time_bounds_keep_only_matching_batches(backup: str) -> None:
