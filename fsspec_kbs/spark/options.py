@@ -111,7 +111,7 @@ READ_OPTIONS = {o.lower(): o for o in (
     "includeHeaders", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
     # kbs's own
     "topics", "topicPattern", "partitions", "verifyChecksums", "onCorrupt", "allowIncomplete",
-    "minPartitionBytes", "maxSegmentsPerPartition",
+    "minPartitionBytes", "maxPartitionBytes", "maxSegmentsPerPartition",
 )}
 #: Write options (Spark's Kafka sink has ``topic``; the rest are kbs's).
 WRITE_OPTIONS = {o.lower(): o for o in (
@@ -265,6 +265,7 @@ class KbsOptions:
     allow_incomplete: bool = False
     min_partition_bytes: int = 8 * 1024 * 1024
     max_segments_per_partition: int = 64
+    max_partition_bytes: int = 32 * 1024 * 1024
     # -- write
     topic: str | None = None
     compression: str | None = None  # None: zstd, or the codec of the backup appended to
@@ -437,6 +438,7 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
         allow_incomplete=_bool("allowIncomplete", opts.get("allowincomplete"), False),
         min_partition_bytes=_int("minPartitionBytes", opts.get("minpartitionbytes"), 8 * 1024 * 1024, 0),
         max_segments_per_partition=_int("maxSegmentsPerPartition", opts.get("maxsegmentsperpartition"), 64, 1),
+        max_partition_bytes=_int("maxPartitionBytes", opts.get("maxpartitionbytes"), 32 * 1024 * 1024, 1),
     )
 
 

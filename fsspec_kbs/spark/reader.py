@@ -2,13 +2,15 @@
 
 The driver reads ``manifest.json`` once (:meth:`KbsReader.partitions`); each input partition
 then carries everything its task needs as plain data (segment paths, sizes, CRCs, offsets,
-timestamps, index CRC, codec, layout, OSO size limits) and the CRC-32 of the manifest it was
+timestamps, index CRC, codec, layout, OSO size limits, and for a batch range of a large or
+bounded indexed segment its batches and byte range) and the CRC-32 of the manifest it was
 planned from. Executors build the backup object from the URL and those refs and never read
 the manifest; a segment that no longer matches its ref fails as :class:`BackupChangedError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import logging
@@ -16,28 +18,34 @@ import math
 import warnings
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from fsspec_kbs.arrow import COLUMNS, columns_to_batch
-from fsspec_kbs.arrow.convert import bool_mask
+from fsspec_kbs.arrow.convert import bool_mask, numpy_array
 from fsspec_kbs.arrow.schema import HEADER_TYPE, project
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import (
     BackupNotFoundError,
     KbsError,
+    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
 from fsspec_kbs.filters import ScanFilter
+from fsspec_kbs.format.batch_index import BatchIndex
+from fsspec_kbs.format.codecs import CODEC_BY_NAME
+from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.spark.filters import scan_filter_from_dict, scan_filter_to_dict, translate
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.store import KbsBackup, SegmentRef
 from fsspec_kbs.store.backup import read_manifest_bytes, resolve
+from fsspec_kbs.store.batch_index import IndexedSource
 from fsspec_kbs.store.open import _layout
+from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.oso_backup import OsoBackup
 
 log = logging.getLogger("fsspec_kbs.spark")
@@ -66,8 +74,10 @@ class KbsSegmentPartition(InputPartition):
 
     Holds only plain data: each entry of ``segments`` is ``{"ref": <SegmentRef fields>,
     "start": first offset (inclusive), "end": end offset (exclusive, None = open),
-    "limit": OSO decompressed-size bound or None}``; ``start_time``/``end_time`` are row
-    bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
+    "limit": OSO decompressed-size bound or None}``, and for a batch range of an indexed
+    segment also ``"batches": [first, stop]`` (index entries), ``"bytes": [start, end]``
+    (their stored bytes) and ``"run_offsets": [first, end or None]``; ``start_time``/``end_time``
+    are row bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
     """
 
     index: int
@@ -111,7 +121,15 @@ def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: 
     for ref in backup.check_time_bounds(refs):
         if ref.time_checked and ref.max_timestamp is not None and ref.max_timestamp < ts:
             continue
-        for cols in backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None)):
+        index = backup.batch_index(ref) if verify else None
+        if index is not None:
+            # One batch at a time, in offset order, among those whose max timestamp reaches ts:
+            # with increasing timestamps the first one read holds the answer.
+            chunks = (cols for i in np.flatnonzero(index.max_ts >= ts)
+                      for cols in read_runs(backup, ref, index, [(int(i), int(i) + 1)], verify))
+        else:
+            chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None))
+        for cols in chunks:
             hit = np.flatnonzero(cols.timestamps >= ts)
             if len(hit):
                 return int(cols.offsets[hit[0]])
@@ -120,56 +138,131 @@ def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: 
 
 @dataclass
 class _Piece:
-    """A segment, or an offset range of one, to read in a task."""
+    """A segment, or an offset range of one, to read in a task; with ``batches`` only that
+    run of batches ``(first, stop)`` of the segment's batch index, stored at bytes
+    ``byte_range`` and holding offsets ``run_offsets`` (first, end exclusive or None: open)."""
 
     ref: SegmentRef
     start: int | None
     end: int | None
+    batches: tuple[int, int] | None = None
+    byte_range: tuple[int, int] | None = None
+    run_offsets: tuple[int, int | None] | None = None
 
-    def span(self) -> int | None:
-        """Offsets the piece covers (None: unknown)."""
+    def _lo_hi(self) -> tuple[int, int] | None:
         r = self.ref
         if r.first_offset is None or r.last_offset is None:
             return None
-        lo = r.first_offset if self.start is None else max(self.start, r.first_offset)
-        hi = r.last_offset + 1 if self.end is None else min(self.end, r.last_offset + 1)
-        return max(0, hi - lo)
+        lo, hi = r.first_offset, r.last_offset + 1
+        if self.run_offsets is not None:
+            lo = max(lo, self.run_offsets[0])
+            hi = hi if self.run_offsets[1] is None else min(hi, self.run_offsets[1])
+        lo = lo if self.start is None else max(self.start, lo)
+        hi = hi if self.end is None else min(self.end, hi)
+        return lo, hi
+
+    def span(self) -> int | None:
+        """Offsets the piece covers (None: unknown)."""
+        lo_hi = self._lo_hi()
+        return None if lo_hi is None else max(0, lo_hi[1] - lo_hi[0])
 
     def weight(self) -> float:
-        """Stored bytes the piece stands for (its share of the segment), else its span."""
+        """Stored bytes the piece stands for (its share of the segment or of its batch run),
+        else its span."""
         span, r = self.span(), self.ref
+        if self.byte_range is not None and self.run_offsets is not None and span is not None:
+            run = self.run_offsets
+            run_span = (r.last_offset + 1 if run[1] is None else run[1]) - run[0]  # type: ignore[operator]
+            return (self.byte_range[1] - self.byte_range[0]) * min(1.0, span / max(1, run_span))
         if span is not None and r.size_bytes is not None and r.last_offset is not None \
                 and r.first_offset is not None:
             return r.size_bytes * span / max(1, r.last_offset - r.first_offset + 1)
         return float(r.size_bytes if r.size_bytes is not None else (span or 1))
 
     def split(self, parts: int) -> list[_Piece]:
-        r = self.ref
+        """``parts`` pieces of about equal offset ranges (a batch run stays the run to read:
+        the executor reads only its batches that the narrower offsets need)."""
+        lo_hi = self._lo_hi()
         span = self.span()
-        if parts <= 1 or span is None or span < 2:
+        if parts <= 1 or lo_hi is None or span is None or span < 2:
             return [self]
-        assert r.first_offset is not None
-        lo = r.first_offset if self.start is None else max(self.start, r.first_offset)
+        lo = lo_hi[0]
         bounds = [lo + (span * i) // parts for i in range(parts + 1)]
-        out = [_Piece(r, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+        out = [replace(self, start=a, end=b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
         # The last piece keeps an open end: nothing past the segment is lost if it holds more.
-        return [*out[:-1], _Piece(r, out[-1].start, self.end)] if out else [self]
+        return [*out[:-1], replace(self, start=out[-1].start, end=self.end)] if out else [self]
+
+    def to_dict(self, limit: int | None) -> dict:
+        d = {"ref": dict(self.ref.__dict__), "start": self.start, "end": self.end, "limit": limit}
+        if self.batches is not None:
+            d.update(batches=list(self.batches), bytes=list(self.byte_range or ()),
+                     run_offsets=list(self.run_offsets or ()))
+        return d
 
 
-def _pack(pieces: list[_Piece], min_bytes: int, max_segments: int, max_records: int | None) -> list[list[_Piece]]:
+def split_by_batches(backup: KbsBackup, pieces: list[_Piece], max_bytes: int,
+                     start_time: int | None, end_time: int | None) -> list[_Piece]:
+    """Pieces of segments larger than ``max_bytes``, or bounded by offsets or times, cut into
+    runs of whole batches of at most ``max_bytes`` stored bytes (one batch at least) by the
+    segment's batch index; only the batches that may hold a record in the piece's bounds are
+    kept, so a task fetches exactly those bytes. Segments without a usable index stay whole."""
+    def cut(p: _Piece) -> bool:
+        """The bounds leave part of the segment out (or may: unknown extents)."""
+        r = p.ref
+        return ((p.start is not None and (r.first_offset is None or p.start > r.first_offset))
+                or (p.end is not None and (r.last_offset is None or p.end <= r.last_offset))
+                or (start_time is not None and (r.min_timestamp is None or start_time > r.min_timestamp))
+                or (end_time is not None and (r.max_timestamp is None or end_time <= r.max_timestamp)))
+
+    big = {p.ref.path: p.ref for p in pieces if p.ref.index_crc32 is not None and p.ref.size_bytes is not None
+           and (p.weight() > max_bytes or cut(p))}
+    if not big:
+        return pieces
+    # Reads all their indexes at once where the store can; a bad index: that segment is read
+    # whole, and its task reports what is wrong.
+    with contextlib.suppress(KbsError):
+        backup.check_time_bounds(list(big.values()))
+    out: list[_Piece] = []
+    for p in pieces:
+        try:
+            index = backup.batch_index(p.ref) if p.ref.path in big else None
+        except KbsError:
+            index = None
+        if index is None or not len(index):
+            out.append(p)
+            continue
+        for first, stop in index.select(p.start, p.end, start_time, end_time):
+            a = first
+            while a < stop:
+                # The first batch whose end passes max_bytes past this run's start ends it.
+                b = int(index.end.searchsorted(index.position[a] + max_bytes, "right"))
+                b = min(max(b, a + 1), stop)
+                end_off = int(index.base[b]) if b < len(index) else None
+                out.append(_Piece(p.ref, p.start, p.end, (a, b),
+                                  (int(index.position[a]), int(index.end[b - 1])),
+                                  (int(index.base[a]), end_off)))
+                a = b
+    return out
+
+
+def _pack(pieces: list[_Piece], min_bytes: int, max_segments: int, max_records: int | None,
+          max_bytes: int | None = None) -> list[list[_Piece]]:
     """Consecutive pieces grouped until a group reaches ``min_bytes`` or holds ``max_segments``
-    (or would pass ``max_records`` offsets); a piece of unknown size gets a group of its own."""
+    (or would pass ``max_records`` offsets or ``max_bytes``); a piece of unknown size gets a
+    group of its own."""
     out: list[list[_Piece]] = []
     group: list[_Piece] = []
     size = records = 0
     for p in pieces:
         span = p.span() or 0
-        if group and max_records is not None and records + span > max_records:
+        weight = int(p.weight()) if p.ref.size_bytes is not None else min_bytes
+        if group and ((max_records is not None and records + span > max_records)
+                      or (max_bytes is not None and size + weight > max_bytes)):
             out.append(group)
             group, size, records = [], 0, 0
         group.append(p)
         records += span
-        size += int(p.weight()) if p.ref.size_bytes is not None else min_bytes
+        size += weight
         if size >= min_bytes or len(group) >= max_segments:
             out.append(group)
             group, size, records = [], 0, 0
@@ -201,7 +294,8 @@ def group_pieces(pieces: list[_Piece], o: KbsOptions) -> list[list[_Piece]]:
     if o.max_records_per_partition is not None:
         pieces = [q for p in pieces
                   for q in p.split(math.ceil((p.span() or 0) / o.max_records_per_partition))]
-    groups = _pack(pieces, o.min_partition_bytes, o.max_segments_per_partition, o.max_records_per_partition)
+    groups = _pack(pieces, o.min_partition_bytes, o.max_segments_per_partition, o.max_records_per_partition,
+                   o.max_partition_bytes)
     n = o.min_partitions
     if n is None or len(groups) >= n:
         return groups
@@ -297,11 +391,12 @@ def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
     pieces = [_Piece(ref, *sf.bounds(ref.topic, ref.partition))
               for ref in KbsDataset(backup, sf).fragments() if o.wants(ref.topic, ref.partition)]
     oso = isinstance(backup, OsoBackup)
+    if not oso and o.verify_checksums:  # a batch-range read checks batch CRCs: never unchecked
+        pieces = split_by_batches(backup, pieces, o.max_partition_bytes, sf.start_time, sf.end_time)
     return [
         KbsSegmentPartition(
             i,
-            [{"ref": dict(p.ref.__dict__), "start": p.start, "end": p.end,
-              "limit": backup.max_uncompressed(p.ref) if oso else None} for p in group],  # type: ignore[attr-defined]
+            [p.to_dict(backup.max_uncompressed(p.ref) if oso else None) for p in group],  # type: ignore[attr-defined]
             sf.start_time, sf.end_time, backup.layout, manifest_crc32)
         for i, group in enumerate(group_pieces(pieces, o))
     ]
@@ -359,10 +454,10 @@ class KbsReader(DataSourceReader):
                             start_time=partition.start_time, end_time=partition.end_time)
             try:
                 if o.on_corrupt == "fail":
-                    yield from self._segment(backup, ref, sf)
+                    yield from self._segment(backup, ref, sf, seg)
                     continue
                 # Skipping must drop the whole segment, so decode it fully before yielding any of it.
-                batches = list(self._segment(backup, ref, sf))
+                batches = list(self._segment(backup, ref, sf, seg))
             except KbsError as e:
                 changed = self._changed(backup, partition, ref, e) if isinstance(e, _MAYBE_CHANGED) else None
                 if changed is not None:
@@ -403,16 +498,81 @@ class KbsReader(DataSourceReader):
             f"{'deleted' if now is None else f'CRC-32 {now:08x}'} now); run the read again "
             f"({type(err).__name__}: {err})", ref.path)
 
-    def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
-        target = spark_arrow_schema(tuple(self.columns))
+    def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter,
+                 seg: dict | None = None) -> Iterator[pa.RecordBatch]:
         bounds = (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
-        for cols in backup.iter_columns(ref, verify_checksums=self.options.verify_checksums, bounds=bounds):
+        verify = self.options.verify_checksums
+        chunks = None
+        if seg is not None and seg.get("batches"):
+            chunks = _batch_run(backup, ref, seg, bounds, verify)
+        if chunks is None:
+            if seg is not None and seg.get("run_offsets"):
+                # The batch index is gone or unusable now: read the segment, keep the run's offsets.
+                lo, hi = seg["run_offsets"]
+                sf = sf.and_(ScanFilter(start_offset=lo, end_offset=hi))
+                bounds = (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
+            chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=bounds,
+                                         max_chunk_bytes=CHUNK_BYTES)
+        for cols in chunks:
             mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
-            batch = columns_to_batch(cols, ref.topic, ref.partition, self.columns, ref.path)
+            batch = spark_batch(cols, ref, self.columns)
             if mask is not None:
                 batch = batch.filter(bool_mask(mask))
             if batch.num_rows:
-                yield batch.cast(target)
+                yield batch
+
+
+#: Stored bytes decoded per chunk on executors: batches of some 10k rows for PySpark's Arrow
+#: path (a 32 MiB chunk made batches of ~100 MB that are slow to hand to the JVM).
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def _batch_run(backup: KbsBackup, ref: SegmentRef, seg: dict, bounds: tuple,
+               verify: bool) -> Iterator[RecordColumns | ViewColumns] | None:
+    """The columns of the partition's batch run of ``ref`` read through the segment's batch
+    index (ranged reads; every batch CRC-32 checked, the index checked against
+    ``index_crc32``), or None when the index is not usable now (read the segment instead)."""
+    if not verify:
+        return None
+    index = backup.batch_index(ref)
+    if index is None:
+        return None
+    a, b = seg["batches"]
+    if b > len(index) or [int(index.position[a]), int(index.end[b - 1])] != list(seg["bytes"]):
+        raise SegmentMismatchError(
+            f"the batch index no longer puts batches {a}..{b - 1} at bytes {seg['bytes']} as when the read "
+            f"was planned", ref.path, int(seg["bytes"][0]))
+    runs = [(max(x, a), min(y, b)) for x, y in index.select(*bounds) if min(y, b) > max(x, a)]
+    if not runs:
+        return iter(())
+    return read_runs(backup, ref, index, runs, verify)
+
+
+def read_runs(backup: KbsBackup, ref: SegmentRef, index: BatchIndex, runs: list[tuple[int, int]],
+              verify: bool = True) -> Iterator[RecordColumns | ViewColumns]:
+    """The records of the batch ``runs`` of ``ref`` (ranged reads through its ``index``; the
+    header checked against the ref's codec and CRC-64, every batch's CRC-32 and bounds); a
+    format error is re-diagnosed on the whole segment, as :meth:`KbsBackup.iter_columns` does."""
+    codec = CODEC_BY_NAME[ref.codec] if ref.codec is not None else None
+    source = IndexedSource(backup.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64)
+    try:
+        yield from iter_opened(OpenedSegment(ref, source, partial=True), CHUNK_BYTES)
+    except SegmentFormatError as err:
+        backup.rediagnose(ref, verify, err)
+
+
+def spark_batch(cols: RecordColumns | ViewColumns, ref: SegmentRef, columns: list[str]) -> pa.RecordBatch:
+    """Records as an Arrow batch already in :func:`spark_arrow_schema` (no cast of the batch):
+    timestamps converted to µs from numpy, the headers' list type relabelled without a copy."""
+    batch = columns_to_batch(cols, ref.topic, ref.partition, columns, ref.path)
+    target = spark_arrow_schema(tuple(columns))
+    arrays = list(batch.columns)
+    for i, name in enumerate(batch.schema.names):
+        if name == "timestamp":
+            arrays[i] = numpy_array(np.asarray(cols.timestamps, dtype=np.int64) * 1000, target.field(i).type)
+        elif name == "headers":
+            arrays[i] = arrays[i].view(target.field(i).type)
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
 @functools.lru_cache(maxsize=8)
