@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -67,40 +66,11 @@ def write_backup(url: str, gib: float) -> dict:
             cols = make_columns(n, seed=p * 1000 + first // CHUNK + 1, first_offset=first)
             w.write_columns(TOPIC, p, replace(cols, timestamps=BASE_TS + 10 * cols.offsets + p))
     m = w.commit()
-    indexed = index_backup(url)
+    indexed = sum(1 for t in m.topics for p in t.partitions for e in p.segment_index or [] if e.index_crc32 is not None)
     return {"records": m.statistics["records"], "uncompressed_bytes": m.statistics["uncompressed_bytes"],
             "compressed_bytes": m.statistics["compressed_bytes"], "segments": m.statistics["segments"],
             "indexed_segments": indexed, "records_per_partition": per_part,
             "write_seconds": round(time.perf_counter() - t0, 1)}
-
-
-def index_backup(url: str) -> int:
-    """Add the batch index (spec §7) to every segment of the local backup at ``url`` that has
-    none and list its ``index_crc32`` in ``manifest.json`` (1.2). Returns how many it added.
-
-    Until every writer writes indexes (issue 21 item 1); built by decoding each segment.
-    """
-    from fsspec_kbs.format.batch_index import encode_index, index_from_segment
-    from fsspec_kbs.format.segment import SegmentReader
-    from fsspec_kbs.store.batch_index import index_path
-
-    root = Path(url.removeprefix("file://"))
-    manifest = json.loads((root / "manifest.json").read_text())
-    n = 0
-    for topic in manifest["topics"]:
-        for part in topic["partitions"]:
-            for entry in part["segment_index"]:
-                if entry.get("index_crc32") is not None:
-                    continue
-                path = root / "topics" / topic["name"] / str(part["partition"]) / entry["file"]
-                idx = encode_index(index_from_segment(SegmentReader(path.read_bytes(), str(path))))
-                Path(index_path(str(path))).write_bytes(idx)
-                entry["index_crc32"] = zlib.crc32(idx)
-                n += 1
-    if n:
-        manifest["version"] = "1.2"
-        (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return n
 
 
 # -- the broker --------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from benchmarks.common import make_columns  # noqa: E402
 from fsspec_kbs.errors import KbsError  # noqa: E402
 from fsspec_kbs.spark import KbsReader, parse_options  # noqa: E402
 from fsspec_kbs.store import BackupWriter  # noqa: E402
-from tests.spark.helpers import add_batch_indexes  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -36,8 +35,8 @@ def backup(tmp_path_factory: pytest.TempPathFactory) -> str:
     w = BackupWriter(str(root), compression="zstd", segment_max_bytes=6 * MIB, batch_max_bytes=256 * 1024)
     for p in range(2):
         w.write_columns("t", p, make_columns(30_000, seed=p + 1))
-    w.commit()
-    assert add_batch_indexes(str(root)) >= 4
+    m = w.commit()
+    assert sum(e.index_crc32 is not None for t in m.topics for p in t.partitions for e in p.segment_index) >= 4
     return str(root)
 
 
@@ -100,7 +99,8 @@ def test_split_reads_only_the_run_bytes(backup: str, monkeypatch: pytest.MonkeyP
 
 
 def test_no_index_means_whole_segment_tasks(tmp_path: Path) -> None:
-    w = BackupWriter(str(tmp_path / "b"), compression="zstd", segment_max_bytes=6 * MIB, batch_max_bytes=256 * 1024)
+    w = BackupWriter(str(tmp_path / "b"), compression="zstd", segment_max_bytes=6 * MIB, batch_max_bytes=256 * 1024,
+                     index=False)
     w.write_columns("t", 0, make_columns(20_000))
     w.commit()
     r = reader(str(tmp_path / "b"), maxPartitionBytes=str(MIB), minPartitionBytes="0")
