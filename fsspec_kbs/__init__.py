@@ -1,43 +1,92 @@
-"""fsspec-kbs: Kafka backups (KBS format) on any fsspec URL, as Arrow tables and pandas frames."""
+"""fsspec-kbs: Kafka backups (KBS format) on any fsspec URL, as Arrow tables and pandas frames.
 
-from fsspec_kbs.api import (
-    NoMatchWarning,
-    open_reader,
-    read_pandas,
-    read_table,
-    write_batches,
-    write_table,
-)
-from fsspec_kbs.arrow.schema import KAFKA_SCHEMA, KAFKA_VIEW_SCHEMA
-from fsspec_kbs.convert import convert_backup
-from fsspec_kbs.dataset import KbsDataset, KbsScanner
-from fsspec_kbs.errors import (
-    BackupNotFoundError,
-    ChecksumError,
-    CommitConflictError,
-    IncompleteBackupError,
-    InvalidNameError,
-    KbsError,
-    ManifestError,
-    SegmentFormatError,
-    UnsupportedVersionError,
-)
-from fsspec_kbs.filters import ScanFilter
-from fsspec_kbs.kafka_log import import_log, open_kafka_log_reader, read_kafka_log
-from fsspec_kbs.store import (
-    BackupWriter,
-    KbsBackup,
-    Manifest,
-    SegmentRef,
-    list_backups,
-    open_backup,
-)
-from fsspec_kbs.store.oso_backup import OsoBackup
-from fsspec_kbs.tools.compact import compact_backup
-from fsspec_kbs.tools.index import add_indexes
-from fsspec_kbs.tools.retain import retain_backup
+The names below load on first use (PEP 562): ``import fsspec_kbs`` stays cheap, which every
+Spark Python worker and ``kbs --help`` pays.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fsspec_kbs.api import (
+        NoMatchWarning,
+        open_reader,
+        read_pandas,
+        read_table,
+        write_batches,
+        write_table,
+    )
+    from fsspec_kbs.arrow.schema import KAFKA_SCHEMA, KAFKA_VIEW_SCHEMA
+    from fsspec_kbs.convert import convert_backup
+    from fsspec_kbs.dataset import KbsDataset, KbsScanner
+    from fsspec_kbs.errors import (
+        BackupNotFoundError,
+        ChecksumError,
+        CommitConflictError,
+        IncompleteBackupError,
+        InvalidNameError,
+        KbsError,
+        ManifestError,
+        SegmentFormatError,
+        UnsupportedVersionError,
+    )
+    from fsspec_kbs.filters import ScanFilter
+    from fsspec_kbs.kafka_log import import_log, open_kafka_log_reader, read_kafka_log
+    from fsspec_kbs.store import (
+        BackupWriter,
+        KbsBackup,
+        Manifest,
+        SegmentRef,
+        list_backups,
+        open_backup,
+    )
+    from fsspec_kbs.store.oso_backup import OsoBackup
+    from fsspec_kbs.tools.compact import compact_backup
+    from fsspec_kbs.tools.index import add_indexes
+    from fsspec_kbs.tools.retain import retain_backup
 
 __version__ = "0.1.0"
+
+#: Public name -> the module defining it.
+_EXPORTS = {
+    "BackupNotFoundError": "fsspec_kbs.errors",
+    "BackupWriter": "fsspec_kbs.store",
+    "ChecksumError": "fsspec_kbs.errors",
+    "CommitConflictError": "fsspec_kbs.errors",
+    "IncompleteBackupError": "fsspec_kbs.errors",
+    "InvalidNameError": "fsspec_kbs.errors",
+    "KAFKA_SCHEMA": "fsspec_kbs.arrow.schema",
+    "KAFKA_VIEW_SCHEMA": "fsspec_kbs.arrow.schema",
+    "KbsBackup": "fsspec_kbs.store",
+    "KbsDataset": "fsspec_kbs.dataset",
+    "KbsError": "fsspec_kbs.errors",
+    "KbsScanner": "fsspec_kbs.dataset",
+    "Manifest": "fsspec_kbs.store",
+    "ManifestError": "fsspec_kbs.errors",
+    "NoMatchWarning": "fsspec_kbs.api",
+    "OsoBackup": "fsspec_kbs.store.oso_backup",
+    "ScanFilter": "fsspec_kbs.filters",
+    "SegmentFormatError": "fsspec_kbs.errors",
+    "SegmentRef": "fsspec_kbs.store",
+    "UnsupportedVersionError": "fsspec_kbs.errors",
+    "add_indexes": "fsspec_kbs.tools.index",
+    "compact_backup": "fsspec_kbs.tools.compact",
+    "convert_backup": "fsspec_kbs.convert",
+    "import_log": "fsspec_kbs.kafka_log",
+    "list_backups": "fsspec_kbs.store",
+    "open_backup": "fsspec_kbs.store",
+    "open_kafka_log_reader": "fsspec_kbs.kafka_log",
+    "open_reader": "fsspec_kbs.api",
+    "read_kafka_log": "fsspec_kbs.kafka_log",
+    "read_pandas": "fsspec_kbs.api",
+    "read_table": "fsspec_kbs.api",
+    "retain_backup": "fsspec_kbs.tools.retain",
+    "write_batches": "fsspec_kbs.api",
+    "write_table": "fsspec_kbs.api",
+}
+
 
 __all__ = [
     "KAFKA_SCHEMA",
@@ -75,3 +124,16 @@ __all__ = [
     "write_batches",
     "write_table",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsspec_kbs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
