@@ -26,9 +26,9 @@ from fsspec_kbs.format.segment import (
     FOOTER_SIZE,
     HEADER_SIZE,
     INT64_MAX,
+    BatchDecoder,
     BatchInfo,
     CompressedBatch,
-    SegmentHeader,
     SegmentReader,
     SegmentStats,
     assemble_segment,
@@ -297,24 +297,6 @@ def _check_entries(e: np.ndarray, segment_size: int, err: partial) -> None:
 
 # -- reading batches through the index -----------------------------------------------------------
 
-class _IndexedRun(SegmentReader):
-    """The stored bytes of consecutive batches, fetched through an index. Decoding and the
-    CRC-32 checks are :class:`SegmentReader`'s own; positions stay segment file positions,
-    so every error names the byte in the segment."""
-
-    def __init__(self, data: bytes | memoryview, data_start: int, codec: Codec, path: str | None) -> None:
-        # No super().__init__(): it parses and checks a whole file.
-        self.data = memoryview(data).cast("B")
-        self.start = data_start
-        self.header = SegmentHeader(codec, 0, 0, 0, 0)
-        self.path = path
-        self._check_batch_crc = True
-        self._crc64_last = False
-
-    def _frame(self, info: BatchInfo) -> memoryview:
-        return self.data[info.data_position - self.start : info.end - self.start]
-
-
 def decode_batches(data: bytes | memoryview, data_start: int, index: BatchIndex, first: int, stop: int,
                    codec: Codec, views: bool = False) -> RecordColumns | ViewColumns:
     """Decode batches ``first:stop`` of ``index`` from ``data``, the segment's bytes from file
@@ -327,7 +309,8 @@ def decode_batches(data: bytes | memoryview, data_start: int, index: BatchIndex,
     reader raises (e.g. ``ChecksumError``). Every error names the segment and the index.
     """
     sp, ip = index.segment_path, index.index_path
-    run = _IndexedRun(data, data_start, codec, sp)
+    # Positions stay segment file positions, so every error names the byte in the segment.
+    run = BatchDecoder(data, data_start, codec, sp, check_crc32=True)
     group: list[BatchInfo] = []
     try:
         for i in range(first, stop):
@@ -349,7 +332,7 @@ def decode_batches(data: bytes | memoryview, data_start: int, index: BatchIndex,
                     f"batch {i} holds {info.record_count} records, more than the index's offsets "
                     f"{base}..{index.last[i]} allow", sp, pos + 8, sp, ip)
             group.append(info)
-        cols, _ = run._decode(group, views)
+        cols, _ = run.decode(group, views)
     except BatchIndexError:
         raise
     except SegmentFormatError as e:

@@ -574,16 +574,16 @@ class OsoChunks:
         elif legacy is not None and len(legacy):
             yield [], functools.partial(_unchecked, lambda: legacy)
 
-    def _check_first(self, group: Sequence[BatchInfo]) -> None:
+    def check_first(self, group: Sequence[BatchInfo]) -> None:
         pass
 
-    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+    def check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
         return prev_last
 
-    def _join(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
+    def join_crc64(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
         return 0
 
-    def _check_end(self, crc: int, last: int) -> None:
+    def check_end(self, crc: int, last: int) -> None:
         pass
 
 

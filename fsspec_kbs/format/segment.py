@@ -201,14 +201,14 @@ class ChunkSource(Protocol):
 
     def decode_tasks(self, max_chunk_bytes: int, views: bool) -> Iterator[DecodeTask]: ...
 
-    def _check_first(self, group: Sequence[BatchInfo]) -> None: ...
+    def check_first(self, group: Sequence[BatchInfo]) -> None: ...
 
-    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns,
-                     prev_last: int) -> int: ...
+    def check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns,
+                    prev_last: int) -> int: ...
 
-    def _join(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int: ...
+    def join_crc64(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int: ...
 
-    def _check_end(self, crc: int, last: int) -> None: ...
+    def check_end(self, crc: int, last: int) -> None: ...
 
 
 class ChunkChecks:
@@ -227,15 +227,15 @@ class ChunkChecks:
         cols, share = result
         if not self.started:
             self.started = True
-            self.source._check_first(group)
-        self.prev_last = self.source._check_order(group, cols, self.prev_last)
+            self.source.check_first(group)
+        self.prev_last = self.source.check_order(group, cols, self.prev_last)
         self.shares.append(share)
         self.groups.append(group)
         return cols
 
     def finish(self) -> None:
-        crc = self.source._join(self.shares, self.groups)
-        self.source._check_end(crc, self.prev_last if self.started else 0)
+        crc = self.source.join_crc64(self.shares, self.groups)
+        self.source.check_end(crc, self.prev_last if self.started else 0)
 
 
 def iter_checked(source: ChunkSource, max_chunk_bytes: int, threads: int | None, views: bool,
@@ -388,6 +388,146 @@ def read_batch_header(data: bytes | memoryview, pos: int, index: int, prev_base:
     return info
 
 
+class SegmentChecks:
+    """What a segment's header and footer claim, checked against its batches (§2.5).
+
+    One object for both the whole-segment reader and the streamed one: the batch walk feeds
+    :meth:`counts`, the decoded chunks :meth:`first` and :meth:`order`, and :meth:`end`
+    closes with the CRC-64 (when it is checked last) and the footer's last offset.
+    """
+
+    def __init__(self, header: SegmentHeader, footer: SegmentFooter, size: int, path: str | None,
+                 crc64_last: bool) -> None:
+        self.header, self.footer, self.size, self.path = header, footer, size, path
+        self.crc64_last = crc64_last
+
+    def counts(self, records: int, batches: int, first_base: int | None) -> None:
+        """The header's record count and first offset, the footer's batch count."""
+        h = self.header
+        if records != h.record_count:
+            raise SegmentMismatchError(
+                f"header says {h.record_count} records but the batches hold {records}", self.path, 16)
+        if batches != self.footer.batch_count:
+            raise SegmentMismatchError(
+                f"footer says {self.footer.batch_count} batches but the file holds {batches}",
+                self.path, self.size - FOOTER_SIZE + 8)
+        expected_first = 0 if first_base is None else first_base
+        if h.first_offset != expected_first:
+            raise SegmentMismatchError(
+                f"header first offset {h.first_offset} but the first batch starts at {expected_first}",
+                self.path, 8)
+
+    def first(self, group: Sequence[BatchInfo]) -> None:
+        if group and self.header.first_offset != group[0].base_offset:
+            raise SegmentMismatchError(
+                f"header first offset {self.header.first_offset} but the first batch starts at "
+                f"{group[0].base_offset}", self.path, 8)
+
+    def order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+        """Each batch starts above the previous batch's last offset; returns the group's last."""
+        row = 0
+        for info in group:
+            if info.base_offset <= prev_last:
+                raise SegmentMismatchError(
+                    f"batch {info.index} starts at offset {info.base_offset}, not above the previous "
+                    f"batch's last offset {prev_last}",
+                    self.path, info.position,
+                )
+            row += info.record_count
+            prev_last = int(cols.offsets[row - 1])
+        return prev_last
+
+    def join(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
+        """The CRC-64 of the chunks from their shares (when checked last; else 0)."""
+        if not self.crc64_last:
+            return 0
+        return crc64_join(shares, [g[-1].end - g[0].position for g in groups])
+
+    def crc64(self, actual: int) -> None:
+        if actual != self.header.checksum:
+            raise ChecksumError(
+                f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
+
+    def end(self, crc: int, last: int, counts: tuple[int, int, int | None] | None = None) -> None:
+        """After the last chunk: the joined CRC-64, then ``counts`` (records, batches, first
+        base offset) if the walk could not check them up front, then the footer's last offset."""
+        if self.crc64_last:
+            self.crc64(crc)
+        if counts is not None:
+            self.counts(*counts)
+        if last != self.footer.last_offset:
+            raise SegmentMismatchError(
+                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
+                self.path, self.size - FOOTER_SIZE,
+            )
+
+
+class BatchDecoder:
+    """Checks (CRC-32) and decodes runs of one segment's batches from bytes that hold them.
+
+    ``data`` is the file from offset ``start`` on: the whole segment, or a run fetched through
+    a batch index. :class:`BatchInfo` positions stay file positions, so every error names the
+    byte in the file. ``crc64_shares``: each decoded run also returns the CRC-64 of its bytes
+    (computed while they are in cache), for a CRC-64 checked after the last run.
+    """
+
+    def __init__(self, data: bytes | memoryview, start: int, codec: Codec, path: str | None,
+                 check_crc32: bool, crc64_shares: bool = False) -> None:
+        self.data = data if isinstance(data, bytes) else memoryview(data).cast("B")
+        self.start, self.codec, self.path = start, codec, path
+        self.check_crc32, self.crc64_shares = check_crc32, crc64_shares
+
+    def frame(self, info: BatchInfo) -> memoryview:
+        return memoryview(self.data)[info.data_position - self.start : info.end - self.start]
+
+    def crc64_share(self, group: Sequence[BatchInfo]) -> int:
+        """The CRC-64 of the group's bytes (batch headers and frames; they are contiguous)."""
+        return crc64_xz(memoryview(self.data)[group[0].position - self.start : group[-1].end - self.start])
+
+    def payload(self, info: BatchInfo) -> Payload:
+        """Check the CRC-32 and decompress one batch."""
+        frame = self.frame(info)
+        if self.check_crc32:
+            actual = crc32(frame)
+            if actual != info.crc:
+                raise ChecksumError(
+                    f"batch {info.index} CRC-32 is {actual:#010x} but its header says {info.crc:#010x}",
+                    self.path, info.position + 20,
+                )
+        try:
+            raw = decompress(self.codec, frame, info.uncompressed_size)
+        except DecompressionError as e:
+            raise e.located(self.path or "<segment>", info.position) from e
+        return Payload(as_uint8(raw), info.base_offset, info.record_count)
+
+    def decode(self, group: Sequence[BatchInfo], views: bool = False) -> Decoded:
+        """The group's records, and with ``crc64_shares`` its share of the CRC-64 (else 0)."""
+        # The group's CRC-64 share is computed right before its batches are decompressed, each
+        # batch's CRC-32 right before it is, and its records checked right after (each while in
+        # cache); the copy into exact-size arrays follows once the group's sizes are known. A
+        # group's decompressed batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
+        crc = self.crc64_share(group) if self.crc64_shares else 0
+        if views:
+            # Sized before anything is checked: bound a corrupt record count by what the batch
+            # can hold (the scan then rejects it) instead of allocating for it.
+            builder: ColumnsBuilder | ViewsBuilder = ViewsBuilder(
+                sum(min(i.record_count, i.uncompressed_size // MIN_RECORD_BYTES) for i in group))
+        else:
+            builder = ColumnsBuilder()
+        try:
+            for info in group:
+                builder.add(self.payload(info))
+            return builder.finish(), crc
+        except RecordDecodeError as e:
+            info = group[e.batch]
+            if self.codec == Codec.NONE:
+                where, extra = info.data_position + e.position, ""
+            else:
+                where = info.position
+                extra = f" (byte {e.position} of its decompressed records)"
+            raise RecordFormatError(f"batch {info.index}{extra}: {e.reason}", self.path, where) from e
+
+
 @dataclass(frozen=True)
 class SegmentStats:
     """What a written segment holds: the fields of a 1.1 ``segment_index`` entry and more."""
@@ -434,25 +574,28 @@ class SegmentReader:
         self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         self.path = path
         self.verify = verify_checksums
-        self._crc64_last = verify_checksums and crc64_last
-        # CRC-32s are needed when asked for, when the CRC-64 comes last, or to diagnose a
-        # failed CRC-64 (set below).
-        self._check_batch_crc = verify_checksums and (batch_crc or crc64_last)
+        crc64_last = verify_checksums and crc64_last
         self.header = SegmentHeader.parse(data, path)
         self.footer = SegmentFooter.parse(data, path)
         self.size = len(data)
+        self.checks = SegmentChecks(self.header, self.footer, self.size, path, crc64_last)
+        # CRC-32s are needed when asked for, when the CRC-64 comes last, or to diagnose a
+        # failed CRC-64 (set below).
+        self.decoder = BatchDecoder(self.data, 0, self.header.codec, path,
+                                    check_crc32=verify_checksums and (batch_crc or crc64_last),
+                                    crc64_shares=crc64_last)
         self._batches: list[BatchInfo] | None = None
         if verify_checksums and not crc64_last:
             actual = crc64_xz(memoryview(data)[HEADER_SIZE : self.size - FOOTER_SIZE])
             if actual != self.header.checksum:
-                self._check_batch_crc = True
+                self.decoder.check_crc32 = True
                 self._diagnose()
-                self._check_crc64(actual)
+                self.checks.crc64(actual)
 
     def _diagnose(self) -> None:
         """Raise the most specific error for a segment whose CRC-64 failed, if one is found."""
         for info in self.batches():
-            self.payload(info)
+            self.decoder.payload(info)
 
     @property
     def codec(self) -> Codec:
@@ -473,47 +616,13 @@ class SegmentReader:
             records += info.record_count
             prev_base = info.base_offset
             pos = info.end
-        h = self.header
-        if records != h.record_count:
-            raise SegmentMismatchError(
-                f"header says {h.record_count} records but the batches hold {records}", self.path, 16
-            )
-        if len(out) != self.footer.batch_count:
-            raise SegmentMismatchError(
-                f"footer says {self.footer.batch_count} batches but the file holds {len(out)}",
-                self.path, self.size - FOOTER_SIZE + 8,
-            )
-        expected_first = out[0].base_offset if out else 0
-        if h.first_offset != expected_first:
-            raise SegmentMismatchError(
-                f"header first offset {h.first_offset} but the first batch starts at {expected_first}",
-                self.path, 8,
-            )
+        self.checks.counts(records, len(out), out[0].base_offset if out else None)
         self._batches = out
         return out
 
-    def _frame(self, info: BatchInfo) -> bytes | memoryview:
-        return memoryview(self.data)[info.data_position : info.end]
-
-    def _crc64_share(self, group: Sequence[BatchInfo]) -> int:
-        """The CRC-64 of the group's bytes (batch headers and frames; they are contiguous)."""
-        return crc64_xz(memoryview(self.data)[group[0].position : group[-1].end])
-
     def payload(self, info: BatchInfo) -> Payload:
         """Check the CRC-32 and decompress one batch."""
-        frame = self._frame(info)
-        if self._check_batch_crc:
-            actual = crc32(frame)
-            if actual != info.crc:
-                raise ChecksumError(
-                    f"batch {info.index} CRC-32 is {actual:#010x} but its header says {info.crc:#010x}",
-                    self.path, info.position + 20,
-                )
-        try:
-            raw = decompress(self.codec, frame, info.uncompressed_size)
-        except DecompressionError as e:
-            raise e.located(self.path or "<segment>", info.position) from e
-        return Payload(as_uint8(raw), info.base_offset, info.record_count)
+        return self.decoder.payload(info)
 
     def chunk_groups(self, max_chunk_bytes: int) -> list[list[BatchInfo]]:
         """The batches in runs of about ``max_chunk_bytes`` uncompressed (whole batches)."""
@@ -529,7 +638,7 @@ class SegmentReader:
 
     def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[DecodeTask]:
         for group in self.chunk_groups(max_chunk_bytes):
-            yield group, functools.partial(self._decode, group, views)
+            yield group, functools.partial(self.decoder.decode, group, views)
 
     def iter_columns(self, max_chunk_bytes: int = 32 * 1024 * 1024, threads: int | None = None,
                      views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
@@ -544,79 +653,23 @@ class SegmentReader:
         """
         return iter_checked(self, max_chunk_bytes, threads, views)
 
-    def _check_first(self, group: Sequence[BatchInfo]) -> None:
-        pass  # batches() checked the header's first offset
+    # ChunkSource: batches() checked the counts and the header's first offset up front.
+    def check_first(self, group: Sequence[BatchInfo]) -> None:
+        pass
 
-    def _check_end(self, crc: int, last: int) -> None:
-        self._check_crc64_last(crc)
-        self._check_last_offset(last)
+    def check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+        return self.checks.order(group, cols, prev_last)
 
-    def _check_last_offset(self, last: int) -> None:
-        if last != self.footer.last_offset:
-            raise SegmentMismatchError(
-                f"footer last offset {self.footer.last_offset} but the last record is at {last}",
-                self.path, self.size - FOOTER_SIZE,
-            )
+    def join_crc64(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
+        return self.checks.join(shares, groups)
 
-    def _join(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
-        """The CRC-64 of the chunks from their shares (with ``crc64_last``; else 0)."""
-        if not self._crc64_last:
-            return 0
-        return crc64_join(shares, [g[-1].end - g[0].position for g in groups])
-
-    def _check_crc64_last(self, crc: int) -> None:
-        if self._crc64_last:
-            self._check_crc64(crc)
-
-    def _check_crc64(self, actual: int) -> None:
-        if actual != self.header.checksum:
-            raise ChecksumError(
-                f"segment CRC-64 is {actual:#018x} but the header says {self.header.checksum:#018x}", self.path, 24)
+    def check_end(self, crc: int, last: int) -> None:
+        self.checks.end(crc, last)
 
     def read_all(self) -> RecordColumns | None:
         """Every record of the segment as one :class:`RecordColumns` (None when empty)."""
         chunks = list(self.iter_columns(max_chunk_bytes=2**62))
         return chunks[0] if chunks else None
-
-    def _decode(self, group: Sequence[BatchInfo], views: bool = False) -> tuple[RecordColumns | ViewColumns, int]:
-        """The group's records, and with ``crc64_last`` its share of the CRC-64 (else 0)."""
-        # The group's CRC-64 share is computed right before its batches are decompressed, each
-        # batch's CRC-32 right before it is, and its records checked right after (each while in
-        # cache); the copy into exact-size arrays follows once the group's sizes are known. A
-        # group's decompressed batches stay alive until then: chunks are a few MB (CHUNK_BYTES).
-        crc = self._crc64_share(group) if self._crc64_last else 0
-        if views:
-            # Sized before anything is checked: bound a corrupt record count by what the batch
-            # can hold (the scan then rejects it) instead of allocating for it.
-            builder: ColumnsBuilder | ViewsBuilder = ViewsBuilder(
-                sum(min(i.record_count, i.uncompressed_size // MIN_RECORD_BYTES) for i in group))
-        else:
-            builder = ColumnsBuilder()
-        try:
-            for info in group:
-                builder.add(self.payload(info))
-            return builder.finish(), crc
-        except RecordDecodeError as e:
-            info = group[e.batch]
-            if self.codec == Codec.NONE:
-                where, extra = info.data_position + e.position, ""
-            else:
-                where = info.position
-                extra = f" (byte {e.position} of its decompressed records)"
-            raise RecordFormatError(f"batch {info.index}{extra}: {e.reason}", self.path, where) from e
-
-    def _check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
-        row = 0
-        for info in group:
-            if info.base_offset <= prev_last:
-                raise SegmentMismatchError(
-                    f"batch {info.index} starts at offset {info.base_offset}, not above the previous "
-                    f"batch's last offset {prev_last}",
-                    self.path, info.position,
-                )
-            row += info.record_count
-            prev_last = int(cols.offsets[row - 1])
-        return prev_last
 
 
 @dataclass(frozen=True)

@@ -155,10 +155,10 @@ class IndexedSource:
 
     # The checks across chunks (ChunkSource): each batch's own checks ran as it was decoded;
     # what is left is that offsets keep increasing. No CRC-64 or footer: the read is partial.
-    def _check_first(self, group: Sequence[int]) -> None:
+    def check_first(self, group: Sequence[int]) -> None:
         pass
 
-    def _check_order(self, group: Sequence[int], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+    def check_order(self, group: Sequence[int], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
         if not len(cols):
             return prev_last
         if int(cols.offsets[0]) <= prev_last:
@@ -167,10 +167,10 @@ class IndexedSource:
                                   int(self.index.position[group[0]]), self.path, self.index.index_path)
         return int(cols.offsets[-1])
 
-    def _join(self, shares: list[int], groups: list[Sequence[int]]) -> int:
+    def join_crc64(self, shares: list[int], groups: list[Sequence[int]]) -> int:
         return 0
 
-    def _check_end(self, crc: int, last: int) -> None:
+    def check_end(self, crc: int, last: int) -> None:
         pass
 
 

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import IO, NoReturn
 
-from fsspec_kbs.errors import SegmentMismatchError, TruncatedSegmentError
+from fsspec_kbs.errors import TruncatedSegmentError
 from fsspec_kbs.format import segment as seg
 from fsspec_kbs.format.checksums import crc64_xz
 from fsspec_kbs.format.codecs import Codec
@@ -28,10 +28,11 @@ from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
     FOOTER_SIZE,
     HEADER_SIZE,
+    BatchDecoder,
     BatchInfo,
+    SegmentChecks,
     SegmentFooter,
     SegmentHeader,
-    SegmentReader,
     read_batch_header,
 )
 from fsspec_kbs.store.pooled import read_pooled
@@ -45,27 +46,19 @@ STREAM_MIN_BYTES = 4 * 1024 * 1024
 STREAM_BLOCK_SIZE = 4 * 1024 * 1024
 
 
-class _Chunk(SegmentReader):
-    """The bytes of a run of whole batches (each batch's header and frame, together), by the
-    file position of their header.
+class _ChunkBytes(BatchDecoder):
+    """The bytes of a run of whole batches read from the file one batch at a time (each
+    batch's header and frame together, by the file position of its header): the decoder's
+    checks and decoding over non-contiguous buffers."""
 
-    Checks, decoding and order checks are :class:`SegmentReader`'s own with ``crc64_last``
-    (``_decode``, ``_join``, ``_check_order``); the :class:`BatchInfo` positions stay file
-    positions, so every error names the file offset.
-    """
-
-    def __init__(self, parts: dict[int, memoryview], header: SegmentHeader, path: str | None,
-                 verify: bool) -> None:
-        # No super().__init__(): it parses and checks a whole file.
+    def __init__(self, parts: dict[int, memoryview], codec: Codec, path: str | None, verify: bool) -> None:
+        super().__init__(b"", 0, codec, path, check_crc32=verify, crc64_shares=verify)
         self.parts = parts
-        self.header = header
-        self.path = path
-        self._check_batch_crc = self._crc64_last = verify
 
-    def _frame(self, info: BatchInfo) -> memoryview:
+    def frame(self, info: BatchInfo) -> memoryview:
         return self.parts[info.position][BATCH_HEADER_SIZE:]
 
-    def _crc64_share(self, group: Sequence[BatchInfo]) -> int:
+    def crc64_share(self, group: Sequence[BatchInfo]) -> int:
         crc = 0
         for info in group:
             crc = crc64_xz(self.parts[info.position], crc)
@@ -93,10 +86,12 @@ class SegmentStream:
         self.f = f
         self.size = size
         self.path = path
-        self.verify = self._crc64_last = verify_checksums
+        self.verify = verify_checksums
         f.seek(0)
         self.header = SegmentHeader.parse(self._read(min(size, HEADER_SIZE), 0), path)
         self.footer = self._parse_footer()
+        self.checks = SegmentChecks(self.header, self.footer, size, path, crc64_last=verify_checksums)
+        self._first_base: int | None = None
 
     @property
     def codec(self) -> Codec:
@@ -132,7 +127,7 @@ class SegmentStream:
             self._truncated(pos + len(data))
         return info, data
 
-    def _chunks(self, max_chunk_bytes: int) -> Iterator[tuple[_Chunk, list[BatchInfo]]]:
+    def _chunks(self, max_chunk_bytes: int) -> Iterator[tuple[_ChunkBytes, list[BatchInfo]]]:
         """Runs of whole batches of about ``max_chunk_bytes`` (uncompressed), not yet checksummed."""
         end = self.size - FOOTER_SIZE
         pos = HEADER_SIZE
@@ -150,31 +145,16 @@ class SegmentStream:
                 prev_base = info.base_offset
                 batches += 1
                 pos = info.end
-            yield _Chunk(parts, self.header, self.path, self.verify), group
+            if self._first_base is None and group:
+                self._first_base = group[0].base_offset
+            yield _ChunkBytes(parts, self.codec, self.path, self.verify), group
             del parts
         self._counts = (records, batches)
-
-    def _check_end(self, crc: int, last: int) -> None:
-        """The whole-segment checks of SegmentReader, in its order, once every chunk was decoded."""
-        records, batches = self._counts or (0, 0)
-        self._check_crc64_last(crc)
-        h = self.header
-        if records != h.record_count:
-            raise SegmentMismatchError(
-                f"header says {h.record_count} records but the batches hold {records}", self.path, 16)
-        if batches != self.footer.batch_count:
-            raise SegmentMismatchError(
-                f"footer says {self.footer.batch_count} batches but the file holds {batches}",
-                self.path, self.size - FOOTER_SIZE + 8)
-        if batches == 0 and h.first_offset != 0:
-            raise SegmentMismatchError(
-                f"header first offset {h.first_offset} but the first batch starts at 0", self.path, 8)
-        self._check_last_offset(last)
 
     def decode_tasks(self, max_chunk_bytes: int, views: bool = False) -> Iterator[seg.DecodeTask]:
         """Read the batches chunk by chunk (here, on the calling thread); decode each on call."""
         for chunk, group in self._chunks(max_chunk_bytes):
-            task = functools.partial(chunk._decode, group, views)
+            task = functools.partial(chunk.decode, group, views)
             del chunk  # only the task keeps the chunk's bytes, until it ran
             yield group, task
 
@@ -189,15 +169,16 @@ class SegmentStream:
         """
         return seg.iter_checked(self, max_chunk_bytes, threads, views)
 
-    # SegmentReader's checks (they use only path, header, footer, size and _crc64_last).
-    _check_order = SegmentReader._check_order
-    _join = SegmentReader._join
-    _check_crc64_last = SegmentReader._check_crc64_last
-    _check_crc64 = SegmentReader._check_crc64
-    _check_last_offset = SegmentReader._check_last_offset
+    # ChunkSource: the walk reads batch by batch, so the counts are checked at the end.
+    def check_first(self, group: Sequence[BatchInfo]) -> None:
+        self.checks.first(group)
 
-    def _check_first(self, group: list[BatchInfo]) -> None:
-        if self.header.first_offset != group[0].base_offset:
-            raise SegmentMismatchError(
-                f"header first offset {self.header.first_offset} but the first batch starts at "
-                f"{group[0].base_offset}", self.path, 8)
+    def check_order(self, group: Sequence[BatchInfo], cols: RecordColumns | ViewColumns, prev_last: int) -> int:
+        return self.checks.order(group, cols, prev_last)
+
+    def join_crc64(self, shares: list[int], groups: list[Sequence[BatchInfo]]) -> int:
+        return self.checks.join(shares, groups)
+
+    def check_end(self, crc: int, last: int) -> None:
+        records, batches = self._counts or (0, 0)
+        self.checks.end(crc, last, (records, batches, self._first_base))
