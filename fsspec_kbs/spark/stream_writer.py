@@ -30,13 +30,14 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import CommitInProgressError, KbsError
 from fsspec_kbs.spark.options import KbsOptions, parse_options
 from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter, _plan, _stats
+from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import stream_batch, with_stream_batch
 from fsspec_kbs.store.manifest import Manifest, utc_now_iso
 from fsspec_kbs.store.staging import SegmentAdopter
-from fsspec_kbs.store.txn import BackupState, FaultHook, Move
+from fsspec_kbs.store.txn import BackupState, FaultHook, Move, load_state
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -109,7 +110,14 @@ class KbsStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: KbsOptions) -> None:
         self.options = options
         # Tasks write exactly as a batch append does; its job id names this batch's staging.
-        self._writer = KbsWriter(options, overwrite=False)
+        try:
+            self._writer = KbsWriter(options, overwrite=False)
+        except CommitInProgressError:
+            # A driver killed mid-commit (this query's, after a restart, or another writer's):
+            # finish that commit, as every writer does before its own, then start this batch.
+            fs, path = resolve(options.path, options.storage_options)
+            load_state(fs, path.rstrip("/"))
+            self._writer = KbsWriter(options, overwrite=False)
         #: Crash injection for tests: called with the name of each commit step on the driver.
         self.fault: FaultHook | None = None
 

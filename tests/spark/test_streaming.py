@@ -209,3 +209,65 @@ def test_stream_options() -> None:
     # Kafka's rateLimit: shares in proportion, small partitions not starved.
     assert rate_limit({("t", 0): 0, ("t", 1): 0}, {("t", 0): 1000, ("t", 1): 1}, 10) == {("t", 0): 9, ("t", 1): 1}
     assert rate_limit({("t", 0): 5}, {("t", 0): 8}, 10) == {("t", 0): 8}
+
+
+# -- the sink's commit, driven directly (no Spark job): crashes at chosen steps ----------------------
+def _stage(url: str, start: int, n: int, query: str, batch: int):  # type: ignore[no-untyped-def]
+    """One task's staged write of offsets ``start`` .. ``start + n - 1`` of t/0, as Spark would run it."""
+    import pyarrow as pa
+
+    from fsspec_kbs.spark.stream_writer import KbsStreamWriter, parse_stream_write_options
+
+    writer = KbsStreamWriter(parse_stream_write_options({"path": url, "checkpointLocation": "/x"}))
+    table = pa.table({"key": [b"k"] * n, "value": [f"v{i}".encode() for i in range(start, start + n)], "topic": ["t"] * n,
+                      "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(start, start + n), pa.int64())})
+    msg = writer.write(iter(table.to_batches()))
+    msg.query_id, msg.batch_id = query, batch
+    return writer, msg
+
+
+def test_sink_commit_replays_and_crashes(tmp_path: Path) -> None:
+    from fsspec_kbs.dataset import KbsDataset
+    from fsspec_kbs.tools.compact import compact_backup
+    from fsspec_kbs.tools.retain import retain_backup
+
+    url = str(tmp_path / "backup-9")
+
+    def offsets() -> list[int]:
+        return KbsDataset.open(url).to_table().column("offset").to_pylist()
+
+    w, m = _stage(url, 0, 10, "q1", 0)
+    w.commit([m], 0)
+    w, m = _stage(url, 0, 10, "q1", 0)  # batch 0 replayed: skipped, its staging removed
+    w.commit([m], 0)
+    assert offsets() == list(range(10))
+    assert not list((tmp_path / "backup-9" / "_staging").glob("*/*"))
+
+    # The driver dies right after claiming commit of batch 1 (before publishing it)…
+    w, m = _stage(url, 10, 5, "q1", 1)
+
+    def die(step: str) -> None:
+        if step == "claimed":
+            raise KeyboardInterrupt("driver killed")
+
+    w.fault = die
+    with pytest.raises(KeyboardInterrupt):
+        w.commit([m], 1)
+    # …and the restart replays batch 1: the claimed commit is finished, not written twice.
+    w, m = _stage(url, 10, 5, "q1", 1)
+    w.commit([m], 1)
+    assert offsets() == list(range(15))
+    # Another query writing to the same backup keeps its own record; both survive rewrites.
+    w, m = _stage(url, 100, 3, "q2", 7)
+    w.commit([m], 7)
+    streams = _manifest(url)[STREAMS_FIELD]
+    assert {k: v["batch"] for k, v in streams.items()} == {"q1": 1, "q2": 7}
+    compact_backup(url, str(tmp_path / "backup-c"))
+    retain_backup(url, str(tmp_path / "backup-r"), max_bytes="1GB")
+    for to in ("backup-c", "backup-r"):
+        assert {k: v["batch"] for k, v in _manifest(str(tmp_path / to))[STREAMS_FIELD].items()} == {"q1": 1, "q2": 7}
+    # A task's message without Spark's query id cannot be committed exactly once: refused.
+    w, m = _stage(url, 200, 1, "q1", 2)
+    m.query_id = None
+    with pytest.raises(Exception, match="query id"):
+        w.commit([m], 2)
