@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from fsspec_kbs.spark.stream_reader import parse_stream_options, rate_limit
 from fsspec_kbs.store.commit import STREAMS_FIELD
@@ -124,6 +125,12 @@ def test_sink_refuses_complete_mode_and_unknown_options(spark, tmp_path: Path) -
     with pytest.raises(Exception, match="segmentMaxRecord"):
         q = (df.writeStream.format("kbs").option("checkpointLocation", str(tmp_path / "c"))
              .option("segmentMaxRecord", "5").trigger(availableNow=True).start(str(tmp_path / "b")))
+        q.awaitTermination(120)
+        raise AssertionError(str(q.exception()))
+    counts = df.groupBy("topic").agg(F.count("*").cast("string").alias("value"))
+    with pytest.raises(Exception, match="'append' output mode only"):
+        q = (counts.writeStream.format("kbs").outputMode("complete").option("checkpointLocation", str(tmp_path / "c3"))
+             .trigger(availableNow=True).start(str(tmp_path / "b")))
         q.awaitTermination(120)
         raise AssertionError(str(q.exception()))
 
