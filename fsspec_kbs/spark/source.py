@@ -8,6 +8,8 @@ from pyspark.sql.types import StructType
 from fsspec_kbs.arrow import KAFKA_SCHEMA
 from fsspec_kbs.spark.options import parse_options
 from fsspec_kbs.spark.reader import KbsPushdownReader, KbsReader
+from fsspec_kbs.spark.stream_reader import KbsStreamReader, parse_stream_options
+from fsspec_kbs.spark.stream_writer import KbsStreamWriter, parse_stream_write_options
 from fsspec_kbs.spark.writer import KbsWriter
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -42,8 +44,17 @@ class KbsDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Fixed: never reads the backup.
-        # Parsing here checks the options when the DataFrame is defined, as the Kafka source does.
-        return spark_schema(parse_options({"path": "-", **self.options}, "read").include_headers)
+        # Parsing here checks the options when the DataFrame is defined, as the Kafka source does
+        # Spark does not say whether a read or a stream is defined: options valid for either pass.
+        options = {"path": "-", **self.options}
+        try:
+            include = parse_options(options, "read").include_headers
+        except ValueError as batch_error:
+            try:
+                include = parse_stream_options(options).read.include_headers
+            except ValueError:
+                raise batch_error from None
+        return spark_schema(include)
 
     def reader(self, schema: StructType) -> KbsReader:
         return KbsReader(parse_options(self.options, "read"), schema.fieldNames())
@@ -53,6 +64,18 @@ class KbsDataSource(DataSource):
             raise ValueError("writing to kbs needs a 'value' column (binary or string), "
                              "like Spark's Kafka sink")
         return KbsWriter(parse_options(self.options, "write"), overwrite)
+
+    def streamReader(self, schema: StructType) -> KbsStreamReader:  # noqa: N802 - Spark's hook name
+        return KbsStreamReader(parse_stream_options(self.options), schema.fieldNames())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KbsStreamWriter:  # noqa: N802
+        if overwrite:
+            raise ValueError("the kbs sink supports the 'append' output mode only: a backup, like a Kafka "
+                             "topic, is never truncated by a stream")
+        if "value" not in schema.fieldNames():
+            raise ValueError("writing to kbs needs a 'value' column (binary or string), "
+                             "like Spark's Kafka sink")
+        return KbsStreamWriter(parse_stream_write_options(self.options))
 
 
 class KbsPushdownDataSource(KbsDataSource):

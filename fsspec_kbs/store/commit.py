@@ -230,3 +230,32 @@ def check_commit_state(fs: fsspec.AbstractFileSystem, path: str, manifest: Any, 
     records, done = list_records(fs, path)
     if records and (manifest is None or records[-1] not in done):
         raise _in_progress(url, records[-1])
+
+
+# -- streaming sinks' batch records ---------------------------------------------------------------
+#: The manifest field recording, per streaming query, the last micro-batch committed to the
+#: backup (like Delta Lake's ``txn`` action: app id + version): ``{"<query id>": {"batch": n,
+#: "txn": "...", "committed_at": "..."}}``. An extra field (kbs-format.md §3: ignored by readers,
+#: kept by tools that rewrite a manifest); every commit carries it over from its base.
+STREAMS_FIELD = "streams"
+
+
+def stream_batch(manifest: Any, query_id: str) -> int:
+    """The last micro-batch of streaming query ``query_id`` committed to a manifest; -1 for none.
+
+    Takes a :class:`~fsspec_kbs.store.manifest.Manifest` (the field is in ``extra``) or a dict.
+    """
+    doc = manifest.extra if hasattr(manifest, "extra") else manifest
+    streams = doc.get(STREAMS_FIELD) if isinstance(doc, dict) else None
+    entry = streams.get(query_id) if isinstance(streams, dict) else None
+    batch = entry.get("batch") if isinstance(entry, dict) else None
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 0 else -1
+
+
+def with_stream_batch(extra: dict, query_id: str, batch: int, txn: str, at: str) -> dict:
+    """``extra`` (a manifest's extra fields) recording micro-batch ``batch`` of ``query_id``;
+    the other queries' entries are kept."""
+    streams = extra.get(STREAMS_FIELD)
+    streams = dict(streams) if isinstance(streams, dict) else {}
+    streams[query_id] = {"batch": batch, "txn": txn, "committed_at": at}
+    return {**extra, STREAMS_FIELD: streams}

@@ -31,6 +31,7 @@ from fsspec_kbs.arrow.convert import batch_to_columns, columns_to_batch
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
+from fsspec_kbs.store.commit import STREAMS_FIELD
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.writer import BackupWriter
 from fsspec_kbs.tools.units import parse_duration
@@ -167,8 +168,12 @@ def compact_backup(
         for (topic, partition), refs in sorted(groups.items()):
             report.partitions.append(_compact_partition(backup, writer, topic, partition, refs, retention,
                                                         verify_checksums))
+        # Streaming sinks' batch records stay valid (offsets are kept): a compacted backup put in
+        # place of the source still tells a replayed micro-batch from a new one.
+        streams = kbs_manifest.extra.get(STREAMS_FIELD) if kbs_manifest is not None else None
         writer.commit(extra={"compaction": {"source": url, "delete_retention_ms": retention,
-                                            "partitions": [p.to_dict() for p in report.partitions]}})
+                                            "partitions": [p.to_dict() for p in report.partitions]},
+                             **({STREAMS_FIELD: streams} if streams else {})})
     except BaseException:
         writer.abort()
         raise
