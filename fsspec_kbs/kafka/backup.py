@@ -9,18 +9,15 @@ at checkpoint offset + 1, so nothing is lost or duplicated whenever the process 
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import os
 import re
 import time
 import uuid
 import warnings
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -28,7 +25,19 @@ from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import CommitConflictError, KbsError
 from fsspec_kbs.format import RecordColumns
-from fsspec_kbs.kafka.groups import GROUPS_FILE, groups_json, snapshot_group_offsets
+from fsspec_kbs.kafka.clients import (
+    CONNECT_TIMEOUT,
+    admin_client,
+    client_config,
+    cluster_metadata,
+    return_freed_buffers,
+)
+from fsspec_kbs.kafka.groups import (
+    GROUPS_FILE,
+    groups_json,
+    read_group_offsets,
+    snapshot_group_offsets,
+)
 from fsspec_kbs.store import (
     BackupWriter,
     Checkpoint,
@@ -46,8 +55,6 @@ from fsspec_kbs.store.names import (
     parse_segment_name,
 )
 
-#: Test hook: seconds to sleep after each consumed chunk (makes a backup slow enough to kill).
-THROTTLE_ENV = "KBS_TEST_BACKUP_THROTTLE"
 #: Key of our own planning data inside checkpoint.json (extra fields are allowed there).
 PLAN_KEY = "kbs_backup_plan"
 #: Key of the writer's transaction id in checkpoint.json: a resumed run continues its staging.
@@ -55,8 +62,6 @@ TXN_KEY = "kbs_backup_txn"
 
 ProgressFn = Callable[[int, int], None]
 
-_CHUNK_RECORDS = 5000
-_CHUNK_BYTES = 8 * 1024 * 1024
 #: Consumer errors no retry can fix (others are retried by librdkafka; see the stall timeout).
 _FATAL_NAMES = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
                 "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION", "_SSL", "UNSUPPORTED_VERSION")
@@ -153,13 +158,41 @@ class BackupResult:
 
 
 @dataclass
-class _PartBuf:
-    offsets: list[int] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
-    keys: list[bytes | None] = field(default_factory=list)
-    values: list[bytes | None] = field(default_factory=list)
-    headers: list[list | None] = field(default_factory=list)
-    nbytes: int = 0
+class BackupMemory:
+    """What a backup holds in memory at most, beyond the interpreter and its libraries.
+
+    None of it grows with the number of records or partitions: each is a bound in bytes, and
+    a bound that is reached makes the backup wait (or write a segment early), not grow.
+    """
+
+    #: librdkafka's queue of fetched, not yet consumed records (``queued.max.messages.kbytes``;
+    #: one queue for all partitions). ``-X queued.max.messages.kbytes=…`` overrides it.
+    fetch_queue_bytes: int = 16 * 1024 * 1024
+    #: Records of one partition handed to the compressing threads together.
+    chunk_bytes: int = 4 * 1024 * 1024
+    #: Records consumed and not yet handed over, all partitions together: beyond it the
+    #: partition holding most is handed over early (so many partitions do not multiply it).
+    buffer_bytes: int = 16 * 1024 * 1024
+    #: Records handed over and queued for compression, not compressed yet (the compressing
+    #: threads' work ahead; ``BackupWriter(compress_ahead_bytes=…)``): beyond it consuming waits.
+    compress_ahead_bytes: int = 32 * 1024 * 1024
+    #: Compressed data of unfinished segments, all partitions together: beyond it the largest
+    #: is written early as a smaller segment (``BackupWriter(buffer_max_bytes=…)``). Writing a
+    #: segment holds it a second time, briefly. With many partitions, raise it for larger segments.
+    segment_buffer_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("fetch_queue_bytes", "chunk_bytes", "buffer_bytes", "compress_ahead_bytes",
+                     "segment_buffer_bytes"):
+            if getattr(self, name) <= 0:
+                raise KbsError(f"BackupMemory.{name} must be positive")
+
+
+def _message_methods() -> tuple[Callable, ...]:
+    from confluent_kafka import Message
+
+    return (Message.error, Message.topic, Message.partition, Message.offset, Message.key, Message.value,
+            Message.headers, Message.timestamp)
 
 
 def _pack(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,29 +213,82 @@ def _pack(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return offs.astype(np.int32), data, valid
 
 
-def columns_from_buffer(buf: _PartBuf) -> RecordColumns:
-    """RecordColumns from consumed messages' fields (one partition, increasing offsets)."""
-    koffs, kdata, kvalid = _pack(buf.keys)
-    voffs, vdata, vvalid = _pack(buf.values)
-    n = len(buf.headers)
+def columns_of_messages(msgs: list[Any], offsets: np.ndarray) -> RecordColumns:
+    """RecordColumns of consumed messages (one partition, increasing ``offsets``), field by field
+    with C-level ``map`` calls: no Python work per record beyond what the columns need."""
+    _, _, _, _, key, value, headers, timestamp = _message_methods()
+    koffs, kdata, kvalid = _pack(list(map(key, msgs)))
+    voffs, vdata, vvalid = _pack(list(map(value, msgs)))
+    n = len(msgs)
+    ts = np.fromiter(map(itemgetter(1), map(timestamp, msgs)), dtype=np.int64, count=n)
+    hdrs = list(map(headers, msgs))
     hoffs = np.zeros(n + 1, dtype=np.int32)
-    if any(buf.headers):
-        counts = np.fromiter((len(h) if h else 0 for h in buf.headers), dtype=np.int64, count=n)
+    flat: list = []
+    if hdrs.count(None) != n:
+        counts = np.fromiter((len(h) if h else 0 for h in hdrs), dtype=np.int64, count=n)
         np.cumsum(counts, out=hoffs[1:], dtype=np.int32)
-        flat = [kv for h in buf.headers if h for kv in h]
-    else:
-        flat = []
+        flat = [kv for h in hdrs if h for kv in h]
     hkoffs, hkdata, _ = _pack([k.encode("utf-8") if isinstance(k, str) else bytes(k) for k, _ in flat])
     hvoffs, hvdata, hvvalid = _pack([v if v is None or isinstance(v, bytes) else bytes(v) for _, v in flat])
     return RecordColumns(
-        offsets=np.array(buf.offsets, dtype=np.int64),
-        timestamps=np.array(buf.timestamps, dtype=np.int64),
+        offsets=offsets, timestamps=ts,
         key_offsets=koffs, key_data=kdata, key_valid=kvalid,
         value_offsets=voffs, value_data=vdata, value_valid=vvalid,
         header_offsets=hoffs, header_key_offsets=hkoffs, header_key_data=hkdata,
         header_value_offsets=hvoffs, header_value_data=hvdata, header_value_valid=hvvalid,
     )
 
+
+@dataclass
+class _Pending:
+    """Consumed records of one partition not handed over yet (the Message objects themselves:
+    their fields are read in bulk when the chunk is built)."""
+
+    msgs: list[Any] = field(default_factory=list)
+    offsets: list[np.ndarray] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class _Buffers:
+    """Per-partition chunks being filled, bounded per partition and all together
+    (:class:`BackupMemory`); full chunks go to ``emit(key, msgs, offsets)``."""
+
+    def __init__(self, memory: BackupMemory, chunk_records: int,
+                 emit: Callable[[tuple[str, int], list[Any], np.ndarray], None]) -> None:
+        self.memory = memory
+        self.chunk_records = chunk_records
+        self.emit = emit
+        self.parts: dict[tuple[str, int], _Pending] = {}
+        self.total = 0
+
+    def add(self, key: tuple[str, int], msgs: list[Any], offsets: np.ndarray, nbytes: int) -> None:
+        pend = self.parts.get(key)
+        if pend is None:
+            pend = self.parts[key] = _Pending()
+        pend.msgs.extend(msgs)
+        pend.offsets.append(offsets)
+        pend.nbytes += nbytes
+        self.total += nbytes
+        if pend.nbytes >= self.memory.chunk_bytes or len(pend.msgs) >= self.chunk_records:
+            self.flush(key)
+        while self.total > self.memory.buffer_bytes:
+            self.flush(max(self.parts, key=lambda k: self.parts[k].nbytes))
+
+    def last_offset(self, key: tuple[str, int]) -> int | None:
+        pend = self.parts.get(key)
+        return int(pend.offsets[-1][-1]) if pend else None
+
+    def flush(self, key: tuple[str, int]) -> None:
+        pend = self.parts.pop(key, None)
+        if pend is None:
+            return
+        self.total -= pend.nbytes
+        offs = pend.offsets[0] if len(pend.offsets) == 1 else np.concatenate(pend.offsets)
+        self.emit(key, pend.msgs, offs)
+
+    def flush_all(self) -> None:
+        for key in list(self.parts):
+            self.flush(key)
 
 def default_backup_id() -> str:
     return datetime.now(timezone.utc).strftime("backup-%Y%m%dT%H%M%SZ")
@@ -275,26 +361,385 @@ def _drop_uncovered(fs: Any, path: str, ck: Checkpoint) -> int:
     return dropped
 
 
-def run_backup(
-    client_config: dict[str, str],
-    topics: list[str],
-    url: str,
-    *,
-    storage_options: dict | None = None,
-    compression: str = "zstd",
-    level: int | None = None,
-    segment_max_bytes: int = 64 * 1024 * 1024,
-    segment_max_records: int | None = None,
-    resume: bool = False,
-    incremental_from: str | None = None,
-    incremental_storage_options: dict | None = None,
-    include_internal: bool = False,
-    consumer_groups: bool = True,
-    checkpoint_interval: float = 60.0,
-    timeout: float = 30.0,
-    progress: ProgressFn | None = None,
-    on_plan: Callable[[int], None] | None = None,
-) -> BackupResult:
+@dataclass
+class _Plan:
+    """What this run backs up: the cut (start, end) per partition and the plan stored in the
+    checkpoint (so a resumed run continues to the same cut)."""
+
+    cut: dict[tuple[str, int], tuple[int, int]]
+    doc: dict[str, Any]
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> _Plan:
+        cut = {(t, int(p)): (int(se[0]), int(se[1])) for t, ps in doc["partitions"].items() for p, se in ps.items()}
+        return cls(cut, doc)
+
+    @property
+    def gaps(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return {(t, int(p)): (g[0], g[1]) for t, ps in self.doc.get("gaps", {}).items() for p, g in ps.items()}
+
+
+class _CutReader:
+    """Consumes every partition from its position up to the cut and hands the records over in
+    chunks. One ``consume()`` call returns many messages; they are cut into runs of one
+    partition and each run is checked and buffered as a whole (offsets as an array)."""
+
+    def __init__(self, consumer: Any, cut: dict[tuple[str, int], tuple[int, int]],
+                 positions: dict[tuple[str, int], int], buffers: _Buffers, *, consume_batch: int,
+                 timeout: float, on_chunk: Callable[[], None] | None) -> None:
+        self.consumer = consumer
+        self.cut = cut
+        self.positions = positions
+        self.active = {k: cut[k][1] for k, v in positions.items() if v < cut[k][1]}  # key -> end offset
+        self.buffers = buffers
+        self.consume_batch = consume_batch
+        self.timeout = timeout
+        self.on_chunk = on_chunk
+        self.last_error: str | None = None
+
+    def remaining(self) -> int:
+        return sum(end - self.positions[k] for k, end in self.active.items())
+
+    def run(self, every: float, periodic: Callable[[], None]) -> None:
+        """Read until every partition reached the cut; ``periodic`` every ``every`` seconds."""
+        from confluent_kafka import TopicPartition
+
+        if self.active:
+            self.consumer.assign([TopicPartition(t, p, self.positions[(t, p)]) for (t, p) in sorted(self.active)])
+        last_tick = last_progress = time.monotonic()
+        # librdkafka retries retriable errors (leader moves, a broker down) by itself; give up
+        # only when nothing at all arrives for this long, so --resume can take over later.
+        stall_timeout = max(4 * self.timeout, 60.0)
+        while self.active:
+            # consume() waits for num_messages or the timeout: ask for no more than can still
+            # come (plus one EOF event per partition) so the tail does not wait out the timeout.
+            want = self.remaining() + len(self.active)
+            msgs = self.consumer.consume(num_messages=max(1, min(self.consume_batch, want)), timeout=0.5)
+            now = time.monotonic()
+            if self.take(msgs):
+                last_progress = now
+            elif now - last_progress > stall_timeout:
+                raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(self.active)} partition(s) "
+                               f"unfinished (last error: {self.last_error}); continue later with --resume")
+            if self.on_chunk is not None:
+                self.on_chunk()
+            if now - last_tick > every:
+                periodic()
+                last_tick = time.monotonic()
+        self.buffers.flush_all()
+
+    def take(self, msgs: list[Any]) -> bool:
+        """Buffer one consume() result; True when it held a record or an end-of-partition."""
+        error, topic, partition, offset, *_ = _message_methods()
+        if not msgs:
+            return False
+        errs = list(map(error, msgs))
+        eofs: list[Any] = []
+        if any(map(is_not, errs, repeat(None))):  # (KafkaError == None raises: no count())
+            eofs = self._errors(msgs, errs)
+            msgs = [m for m, e in zip(msgs, errs, strict=True) if e is None]
+        if msgs:
+            parts = np.fromiter(map(partition, msgs), dtype=np.int64, count=len(msgs))
+            topics = list(map(topic, msgs))
+            if topics.count(topics[0]) != len(topics):
+                ids = {t: i for i, t in enumerate(sorted(set(topics)))}
+                parts = parts + (1 << 32) * np.array([ids[t] for t in topics], dtype=np.int64)
+            bounds = [0, *(np.flatnonzero(parts[1:] != parts[:-1]) + 1).tolist(), len(msgs)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                m0 = msgs[a]
+                self._take_run((topic(m0), partition(m0)), msgs[a:b], offset)
+        for m in eofs:  # after the records that came before them
+            key = (topic(m), partition(m))
+            if key in self.active and offset(m) >= self.active[key]:
+                self._finish(key)
+        return bool(msgs) or bool(eofs)
+
+    def _take_run(self, key: tuple[str, int], run: list[Any], offset: Callable) -> None:
+        end = self.active.get(key)
+        if end is None:
+            return  # a partition already finished (records past the cut)
+        offs = np.fromiter(map(offset, run), dtype=np.int64, count=len(run))
+        if offs[-1] >= end:
+            k = int(np.searchsorted(offs, end))
+            run, offs = run[:k], offs[:k]
+        if len(run):
+            self.buffers.add(key, run, offs, sum(map(len, run)))
+            self.positions[key] = int(offs[-1]) + 1
+        if self.positions[key] >= end:
+            self._finish(key)
+
+    def _errors(self, msgs: list[Any], errs: list[Any]) -> list[Any]:
+        """Raise on errors a backup cannot go past; return the end-of-partition events."""
+        from confluent_kafka import KafkaError
+
+        fatal, skipped = _codes(_FATAL_NAMES), _codes(_SKIPPED_NAMES)
+        eofs = []
+        for m, err in zip(msgs, errs, strict=True):
+            if err is None:
+                continue
+            key = (m.topic(), m.partition())
+            if err.code() == KafkaError._PARTITION_EOF:
+                eofs.append(m)
+            elif err.fatal() or err.code() in fatal:
+                raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
+            elif key in self.active and err.code() in skipped:
+                at = self.buffers.last_offset(key)
+                at = self.positions[key] if at is None else at + 1
+                raise KbsError(
+                    f"records of {key[0]}/{key[1]} from about offset {at} cannot be "
+                    f"read ({err.name()}: {err.str()}): deleted from the broker "
+                    "(retention, DeleteRecords) after the backup planned them, or "
+                    "corrupt; the backup would miss them"
+                )
+            else:
+                self.last_error = err.str()
+        return eofs
+
+    def _finish(self, key: tuple[str, int]) -> None:
+        """The partition reached the cut: hand over what it holds and stop fetching it."""
+        from confluent_kafka import TopicPartition
+
+        del self.active[key]
+        self.buffers.flush(key)
+        self.consumer.incremental_unassign([TopicPartition(*key)])
+
+
+class BackupRun:
+    """One ``kbs backup`` run, in phases: open the target (refuse, or resume from the
+    checkpoint), plan the cut, snapshot consumer groups, open the writer, read the cut,
+    commit. See :func:`run_backup` for the parameters."""
+
+    def __init__(self, client_config: dict[str, str], topics: list[str], url: str, *,
+                 storage_options: dict | None = None, compression: str = "zstd", level: int | None = None,
+                 segment_max_bytes: int = 64 * 1024 * 1024, segment_max_records: int | None = None,
+                 resume: bool = False, incremental_from: str | None = None,
+                 incremental_storage_options: dict | None = None, include_internal: bool = False,
+                 consumer_groups: bool = True, checkpoint_interval: float = 60.0, timeout: float = 30.0,
+                 connect_timeout: float = CONNECT_TIMEOUT, memory: BackupMemory | None = None,
+                 consume_batch: int = 10_000, progress: ProgressFn | None = None,
+                 on_plan: Callable[[int], None] | None = None, on_chunk: Callable[[], None] | None = None) -> None:
+        self.conf = client_config
+        self.patterns = topics
+        self.url = url
+        self.storage_options = storage_options
+        self.compression, self.level = compression, level
+        self.segment_max_bytes, self.segment_max_records = segment_max_bytes, segment_max_records
+        self.resume = resume
+        self.incremental_from = incremental_from
+        self.incremental_storage_options = incremental_storage_options
+        self.include_internal = include_internal
+        self.consumer_groups = consumer_groups
+        self.checkpoint_interval = checkpoint_interval
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.memory = memory or BackupMemory()
+        self.consume_batch = consume_batch
+        self.progress, self.on_plan, self.on_chunk = progress, on_plan, on_chunk
+        self.totals = [0, 0]
+
+    def run(self) -> BackupResult:
+        t0 = time.monotonic()
+        return_freed_buffers()
+        self._open_target()
+        admin = admin_client(self.conf)
+        md = cluster_metadata(admin, self.conf, self.connect_timeout)
+        consumer = self._consumer()
+        try:
+            plan = self._plan(md, consumer)
+            groups = self._snapshot_groups(admin, plan)
+            writer, ckp = self._open_writer(plan, md)
+            self._read_cut(consumer, plan, writer)
+            manifest = self._commit(writer, ckp, plan)
+        finally:
+            consumer.close()
+        return BackupResult(self.url, self.backup_id, self.totals[0], self.totals[1], time.monotonic() - t0,
+                            plan.cut, ckp.segments, groups, self.ck_old is not None, manifest, plan.gaps)
+
+    # -- phases -------------------------------------------------------------------------------
+    def _open_target(self) -> None:
+        """Refuse a complete backup, or an incomplete one without ``resume``; read the checkpoint."""
+        fs, path = url_to_fs(self.url, **(self.storage_options or {}))
+        self.fs, self.path = fs, path.rstrip("/")
+        self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
+        url, path = self.url, self.path
+        if fs.exists(f"{path}/{MANIFEST}"):
+            if self.resume:
+                raise CommitConflictError(f"{url} is already complete; nothing to resume")
+            raise CommitConflictError(f"a backup already exists at {url}; choose another --backup-id")
+        self.ck_old: Checkpoint | None = None
+        if self.resume:
+            try:
+                self.ck_old = Checkpoint.from_json(fs.cat_file(f"{path}/{CHECKPOINT}"), f"{path}/{CHECKPOINT}")
+            except FileNotFoundError:
+                # died before the first checkpoint: nothing durable, start over
+                if fs.exists(f"{path}/{TOPICS_DIR}"):
+                    fs.rm(f"{path}/{TOPICS_DIR}", recursive=True)
+            if self.ck_old is not None and PLAN_KEY not in self.ck_old.extra:
+                raise KbsError(f"{url}: checkpoint has no backup plan; it was not written by kbs backup")
+        elif fs.exists(f"{path}/{TOPICS_DIR}") or fs.exists(f"{path}/{CHECKPOINT}"):
+            raise CommitConflictError(
+                f"{url} holds an incomplete backup; continue it with --resume or choose another --backup-id")
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        queue = self.memory.fetch_queue_bytes
+        return Consumer(client_config({
+            "group.id": f"kbs-backup-{self.backup_id}",  # never committed: we assign, not subscribe
+            # A small queue refilled by small fetches right away (librdkafka waits a second by
+            # default once the queue is full): bounded memory, and faster than one big queue.
+            "queued.max.messages.kbytes": max(1, queue // 1024),
+            "fetch.queue.backoff.ms": 5,
+            "fetch.max.bytes": max(1024 * 1024, min(8 * 1024 * 1024, queue // 2)),
+            "max.partition.fetch.bytes": 2 * 1024 * 1024,
+            **self.conf,
+            # Last: an application's properties file (auto.offset.reset=latest, auto commit into its
+            # own group, no EOF events) must not change what the backup reads.
+            **_FORCED_CONSUMER_CONF,
+        }))
+
+    def _plan(self, md: Any, consumer: Any) -> _Plan:
+        """The checkpoint's plan when resuming, else the cut read from the brokers now."""
+        if self.ck_old is not None:
+            plan = _Plan.from_doc(self.ck_old.extra[PLAN_KEY])
+            self.compression = plan.doc.get("compression", self.compression)
+            self.level = plan.doc.get("level", self.level)
+            return plan
+        from confluent_kafka import TopicPartition
+
+        chosen = select_topics(list(md.topics), self.patterns, self.include_internal)
+        if not chosen:
+            raise KbsError(f"no topic matches {self.patterns} on {self.conf['bootstrap.servers']}")
+        prev = self._previous_ends()
+        cut: dict[tuple[str, int], tuple[int, int]] = {}
+        gaps: dict[tuple[str, int], tuple[int, int]] = {}  # records gone between the two backups
+        for t in chosen:
+            tmd = md.topics[t]
+            if tmd.error is not None or not tmd.partitions:
+                # Its partitions would be missing from the cut, and from the backup, silently.
+                raise KbsError(f"topic {t}: no partition metadata ({tmd.error or 'no partitions'}); try again")
+            for p in sorted(tmd.partitions):
+                low, high = _watermarks(consumer, TopicPartition(t, p), self.timeout)
+                after = prev.get((t, p), -1) + 1
+                if (t, p) in prev and low > after:
+                    gaps[(t, p)] = (after, low)
+                start = max(low, after)
+                cut[(t, p)] = (start, max(start, high))
+        doc: dict[str, Any] = {
+            "partitions": _nested(cut),
+            "partition_counts": {t: len(md.topics[t].partitions) for t in chosen},
+            "compression": self.compression,
+            "level": self.level,
+            "incremental_from": self.incremental_from,
+            "source_cluster": self._source_cluster(md),
+        }
+        if gaps:
+            doc["gaps"] = _nested(gaps)
+            listed = ", ".join(f"{t}/{p} [{a}, {b})" for (t, p), (a, b) in sorted(gaps.items())[:5])
+            warnings.warn(
+                f"records deleted from the broker since {self.incremental_from} ended are in neither backup: "
+                f"{listed}{' ...' if len(gaps) > 5 else ''} (recorded as kafka.gaps in the manifest)",
+                IncrementalGapWarning, stacklevel=4)
+        return _Plan(cut, doc)
+
+    def _previous_ends(self) -> dict[tuple[str, int], int]:
+        """Incremental: the last offset the earlier backup holds per partition."""
+        prev: dict[tuple[str, int], int] = {}
+        if self.incremental_from:
+            so = self.incremental_storage_options or self.storage_options
+            for ref in open_backup(self.incremental_from, so).segments():
+                if ref.last_offset is not None:
+                    key = (ref.topic, ref.partition)
+                    prev[key] = max(prev.get(key, -1), ref.last_offset)
+        return prev
+
+    def _source_cluster(self, md: Any) -> dict[str, Any]:
+        return {"cluster_id": md.cluster_id,
+                "bootstrap_servers": [s.strip() for s in self.conf["bootstrap.servers"].split(",")]}
+
+    def _snapshot_groups(self, admin: Any, plan: _Plan) -> int:
+        """Committed offsets of the groups on the chosen topics, beside the manifest (new runs)."""
+        fs, path = self.fs, self.path
+        if self.consumer_groups and self.ck_old is None:
+            groups = snapshot_group_offsets(admin, {t for t, _ in plan.cut}, self.timeout)
+            put_atomic(fs, f"{path}/{GROUPS_FILE}", groups_json(groups))
+            return len(groups)
+        if self.ck_old is not None and fs.exists(f"{path}/{GROUPS_FILE}"):
+            return len(read_group_offsets(fs, path) or [])
+        return 0
+
+    def _open_writer(self, plan: _Plan, md: Any) -> tuple[BackupWriter, _Checkpointer]:
+        """The run's segments are staged under _staging/<txn>/ and committed at the end; a
+        resumed run drops what its checkpoint does not vouch for and continues the same
+        transaction (older runs wrote in place: no txn id)."""
+        fs, path, ck_old = self.fs, self.path, self.ck_old
+        if ck_old is not None:
+            txn_id = str(ck_old.extra.get(TXN_KEY) or uuid.uuid4().hex)
+            _drop_uncovered(fs, path, ck_old)
+            _drop_uncovered(fs, f"{path}/{STAGING_DIR}/{txn_id}", ck_old)
+            ckp = _Checkpointer(fs, path, self.backup_id, plan.doc, txn_id, ck_old.topics)
+        else:
+            txn_id = uuid.uuid4().hex
+            ckp = _Checkpointer(fs, path, self.backup_id, plan.doc, txn_id)
+        ckp.write()  # the plan is durable before any segment exists
+        writer = BackupWriter(
+            path, fs=fs, compression=self.compression, level=self.level,
+            segment_max_bytes=self.segment_max_bytes, segment_max_records=self.segment_max_records,
+            mode="resume" if ck_old is not None else "error", txn_id=txn_id,
+            buffer_max_bytes=self.memory.segment_buffer_bytes,
+            compress_ahead_bytes=self.memory.compress_ahead_bytes,
+            source_cluster=plan.doc.get("source_cluster") or self._source_cluster(md), on_segment=ckp.on_segment,
+        )
+        return writer, ckp
+
+    def _read_cut(self, consumer: Any, plan: _Plan, writer: BackupWriter) -> None:
+        """Consume up to the cut; chunks go to the writer, which compresses them on its threads
+        while this thread goes on consuming."""
+        positions = {k: max(s, writer.last_offset(*k) + 1) for k, (s, _e) in plan.cut.items()}
+
+        def emit(key: tuple[str, int], msgs: list[Any], offsets: np.ndarray) -> None:
+            cols = columns_of_messages(msgs, offsets)
+            nbytes = (len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
+                      + len(cols.header_value_data))
+            writer.write_columns(key[0], key[1], cols)
+            self.totals[0] += len(cols)
+            self.totals[1] += nbytes
+            if self.progress is not None:
+                self.progress(len(cols), nbytes)
+
+        buffers = _Buffers(self.memory, self.consume_batch, emit)
+        reader = _CutReader(consumer, plan.cut, positions, buffers, consume_batch=self.consume_batch,
+                            timeout=self.timeout, on_chunk=self.on_chunk)
+        if self.on_plan is not None:
+            self.on_plan(reader.remaining())
+
+        def checkpoint() -> None:  # bound what a crash makes --resume read again
+            buffers.flush_all()
+            writer.flush()
+
+        try:
+            reader.run(self.checkpoint_interval, checkpoint)
+        except BaseException:
+            writer._cancel_queue()  # compressions queued for segments that will not be written
+            raise
+
+    def _commit(self, writer: BackupWriter, ckp: _Checkpointer, plan: _Plan) -> Any:
+        """Pending segments, then the manifest (the backup is complete only then)."""
+        doc = plan.doc
+        manifest = writer.commit(extra={
+            "kafka": {
+                "backup_type": "incremental" if doc.get("incremental_from") else "full",
+                "incremental_from": doc.get("incremental_from"),
+                "partition_counts": doc.get("partition_counts", {}),
+                "cut": doc["partitions"],
+                "gaps": doc.get("gaps", {}),
+                "consumer_groups_file": GROUPS_FILE if self.fs.exists(f"{self.path}/{GROUPS_FILE}") else None,
+            },
+        })
+        ckp.write()
+        return manifest
+
+
+def run_backup(client_config: dict[str, str], topics: list[str], url: str, **options: Any) -> BackupResult:
     """Back up the topics matching ``topics`` (regular expressions) into the backup at ``url``.
 
     Parameters
@@ -305,275 +750,35 @@ def run_backup(
         Regular expressions; a topic is taken when one matches its whole name.
     url : str
         The backup directory ``<root>/<backup-id>`` on any fsspec URL.
+    storage_options : dict, optional
+    compression, level : str, int
+        Codec (``zstd``, ``lz4``, ``none``) and level of the segments.
+    segment_max_bytes, segment_max_records : int
+        Roll segments at this compressed size (default 64 MiB) or record count.
     resume : bool
         Continue the interrupted backup at ``url`` from its checkpoint.
     incremental_from : str, optional
-        URL of a previous backup; each partition starts after its last backed-up offset.
+        URL of a previous backup; each partition starts after its last backed-up offset
+        (``incremental_storage_options`` for its storage).
+    include_internal, consumer_groups : bool
+        Let the patterns match internal topics; snapshot consumer-group offsets (default True).
     checkpoint_interval : float
         Seconds after which pending data is written out as segments (and checkpointed) even
         if the segments are not full, bounding what a crash makes the resume re-read.
+    timeout : float
+        Seconds for broker requests (end offsets, groups); a backup fails when no record
+        arrives for ``max(4 * timeout, 60)`` s.
+    connect_timeout : float
+        Seconds the first contact with the cluster may take (default 15).
+    memory : BackupMemory, optional
+        Memory bounds (see :class:`BackupMemory`).
+    consume_batch : int
+        Messages asked of each ``consume()`` call (and most records of a chunk).
     progress : callable, optional
         Called with (records, bytes) increments.
     on_plan : callable, optional
         Called once with the number of records the cut holds (an upper bound with gaps).
+    on_chunk : callable, optional
+        Called after every ``consume()`` call (tests slow a backup down with it to kill it).
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    fatal_codes = _codes(_FATAL_NAMES)
-    skipped_codes = _codes(_SKIPPED_NAMES)
-
-    t0 = time.monotonic()
-    fs, path = url_to_fs(url, **(storage_options or {}))
-    path = path.rstrip("/")
-    backup_id = check_backup_id(path.rsplit("/", 1)[-1])
-    if fs.exists(f"{path}/{MANIFEST}"):
-        if resume:
-            raise CommitConflictError(f"{url} is already complete; nothing to resume")
-        raise CommitConflictError(f"a backup already exists at {url}; choose another --backup-id")
-
-    ck_old: Checkpoint | None = None
-    if resume:
-        try:
-            ck_old = Checkpoint.from_json(fs.cat_file(f"{path}/{CHECKPOINT}"), f"{path}/{CHECKPOINT}")
-        except FileNotFoundError:
-            ck_old = None  # died before the first checkpoint: nothing durable, start over
-            if fs.exists(f"{path}/{TOPICS_DIR}"):
-                fs.rm(f"{path}/{TOPICS_DIR}", recursive=True)
-        if ck_old is not None and PLAN_KEY not in ck_old.extra:
-            raise KbsError(f"{url}: checkpoint has no backup plan; it was not written by kbs backup")
-    elif fs.exists(f"{path}/{TOPICS_DIR}") or fs.exists(f"{path}/{CHECKPOINT}"):
-        raise CommitConflictError(
-            f"{url} holds an incomplete backup; continue it with --resume or choose another --backup-id")
-
-    admin = AdminClient(dict(client_config))
-    consumer_conf = {
-        "group.id": f"kbs-backup-{backup_id}",  # never committed: we assign, not subscribe
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": 8 * 1024 * 1024,
-        "queued.max.messages.kbytes": 256 * 1024,
-        "log_level": 3,
-        **client_config,
-        # Last: an application's properties file (auto.offset.reset=latest, auto commit into its
-        # own group, no EOF events) must not change what the backup reads.
-        **_FORCED_CONSUMER_CONF,
-    }
-    consumer = Consumer(consumer_conf)
-    try:
-        md = admin.list_topics(timeout=timeout)
-        source_cluster = {"cluster_id": md.cluster_id,
-                          "bootstrap_servers": [s.strip() for s in client_config["bootstrap.servers"].split(",")]}
-        if ck_old is not None:
-            plan = ck_old.extra[PLAN_KEY]
-            cut = {(t, int(p)): (int(se[0]), int(se[1])) for t, ps in plan["partitions"].items() for p, se in ps.items()}
-            compression = plan.get("compression", compression)
-            level = plan.get("level", level)
-        else:
-            chosen = select_topics(list(md.topics), topics, include_internal)
-            if not chosen:
-                raise KbsError(f"no topic matches {topics} on {client_config['bootstrap.servers']}")
-            prev: dict[tuple[str, int], int] = {}
-            if incremental_from:
-                for ref in open_backup(incremental_from, incremental_storage_options or storage_options).segments():
-                    if ref.last_offset is not None:
-                        key = (ref.topic, ref.partition)
-                        prev[key] = max(prev.get(key, -1), ref.last_offset)
-            cut = {}
-            gaps: dict[tuple[str, int], tuple[int, int]] = {}  # records gone between the two backups
-            for t in chosen:
-                tmd = md.topics[t]
-                if tmd.error is not None or not tmd.partitions:
-                    # Its partitions would be missing from the cut, and from the backup, silently.
-                    why = tmd.error or "no partitions"
-                    raise KbsError(f"topic {t}: no partition metadata ({why}); try again")
-                for p in sorted(tmd.partitions):
-                    low, high = _watermarks(consumer, TopicPartition(t, p), timeout)
-                    after = prev.get((t, p), -1) + 1
-                    if (t, p) in prev and low > after:
-                        gaps[(t, p)] = (after, low)
-                    start = max(low, after)
-                    cut[(t, p)] = (start, max(start, high))
-            plan = {
-                "partitions": {},
-                "partition_counts": {t: len(md.topics[t].partitions) for t in chosen},
-                "compression": compression,
-                "level": level,
-                "incremental_from": incremental_from,
-                "source_cluster": source_cluster,
-            }
-            for (t, p), (s, e) in cut.items():
-                plan["partitions"].setdefault(t, {})[str(p)] = [s, e]
-            if gaps:
-                plan["gaps"] = _nested(gaps)
-                listed = ", ".join(f"{t}/{p} [{a}, {b})" for (t, p), (a, b) in sorted(gaps.items())[:5])
-                warnings.warn(
-                    f"records deleted from the broker since {incremental_from} ended are in neither backup: "
-                    f"{listed}{' ...' if len(gaps) > 5 else ''} (recorded as kafka.gaps in the manifest)",
-                    IncrementalGapWarning, stacklevel=2)
-
-        groups = []
-        if consumer_groups and ck_old is None:
-            groups = snapshot_group_offsets(admin, {t for t, _ in cut}, timeout)
-            put_atomic(fs, f"{path}/{GROUPS_FILE}", groups_json(groups))
-        elif ck_old is not None and fs.exists(f"{path}/{GROUPS_FILE}"):
-            from fsspec_kbs.kafka.groups import read_group_offsets
-
-            groups = read_group_offsets(fs, path) or []
-
-        # The run's segments are staged under _staging/<txn>/ and committed at the end; a
-        # resumed run continues the same transaction (older runs wrote in place: no txn id).
-        txn_id = str(ck_old.extra.get(TXN_KEY) or uuid.uuid4().hex) if ck_old is not None else uuid.uuid4().hex
-        if ck_old is not None:
-            _drop_uncovered(fs, path, ck_old)
-            _drop_uncovered(fs, f"{path}/{STAGING_DIR}/{txn_id}", ck_old)
-            ckp = _Checkpointer(fs, path, backup_id, plan, txn_id, ck_old.topics)
-        else:
-            ckp = _Checkpointer(fs, path, backup_id, plan, txn_id)
-        ckp.write()  # the plan is durable before any segment exists
-
-        writer = BackupWriter(
-            path, fs=fs, compression=compression, level=level,
-            segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
-            mode="resume" if ck_old is not None else "error", txn_id=txn_id,
-            source_cluster=plan.get("source_cluster", source_cluster), on_segment=ckp.on_segment,
-        )
-        positions = {}
-        for (t, p), (s, _e) in cut.items():
-            done_upto = writer.last_offset(t, p)
-            positions[(t, p)] = max(s, done_upto + 1)
-        active = {k: cut[k][1] for k, v in positions.items() if v < cut[k][1]}  # partition -> end offset
-        if on_plan is not None:
-            on_plan(sum(end - positions[k] for k, end in active.items()))
-
-        throttle = float(os.environ.get(THROTTLE_ENV) or 0)
-        chunk_records = 100 if throttle else _CHUNK_RECORDS
-        bufs: dict[tuple[str, int], _PartBuf] = {}
-
-        # Encoding and compressing run on one worker thread (zstd and the numba kernels release
-        # the GIL) while this thread keeps consuming; order per partition is kept by the single
-        # worker, and at most a few chunks are in flight to bound memory.
-        pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbs-backup-writer")
-        inflight: deque[cf.Future] = deque()
-        totals = [0, 0]
-
-        def write_chunk(key: tuple[str, int], buf: _PartBuf) -> None:
-            cols = columns_from_buffer(buf)
-            nbytes = (len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
-                      + len(cols.header_value_data))
-            writer.write_columns(key[0], key[1], cols)
-            totals[0] += len(cols)
-            totals[1] += nbytes
-            if progress is not None:
-                progress(len(cols), nbytes)
-
-        def submit(fn: Callable, *args: Any) -> None:
-            inflight.append(pool.submit(fn, *args))
-            while inflight and (inflight[0].done() or len(inflight) > 4):
-                inflight.popleft().result()  # re-raises a failed write here
-
-        def flush_buf(key: tuple[str, int]) -> None:
-            buf = bufs.pop(key, None)
-            if buf and buf.offsets:
-                positions[key] = buf.offsets[-1] + 1
-                submit(write_chunk, key, buf)
-
-        def finish(key: tuple[str, int]) -> None:
-            """The partition reached the cut: stop fetching it."""
-            del active[key]
-            flush_buf(key)
-            consumer.incremental_unassign([TopicPartition(*key)])
-
-        try:
-            if active:
-                consumer.assign([TopicPartition(t, p, positions[(t, p)]) for (t, p) in sorted(active)])
-            last_flush = last_progress = time.monotonic()
-            last_error = None
-            # librdkafka retries retriable errors (leader moves, a broker down) by itself; give up
-            # only when nothing at all arrives for this long, so --resume can take over later.
-            stall_timeout = max(4 * timeout, 60.0)
-            while active:
-                # consume() waits for num_messages or the timeout: ask for no more than can still
-                # come (plus one EOF event per partition) so the tail does not wait out the timeout.
-                want = sum(end - positions[k] for k, end in active.items()) + len(active)
-                msgs = consumer.consume(num_messages=max(1, min(chunk_records, want)), timeout=0.5)
-                now = time.monotonic()
-                if any(m.error() is None or m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
-                    last_progress = now
-                elif now - last_progress > stall_timeout:
-                    raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(active)} partition(s) "
-                                   f"unfinished (last error: {last_error}); continue later with --resume")
-                for m in msgs:
-                    key = (m.topic(), m.partition())
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            if key in active and m.offset() >= cut[key][1]:
-                                finish(key)
-                            continue
-                        if err.fatal() or err.code() in fatal_codes:
-                            raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
-                        if key in active and err.code() in skipped_codes:
-                            buf = bufs.get(key)
-                            at = buf.offsets[-1] + 1 if buf and buf.offsets else positions[key]
-                            raise KbsError(
-                                f"records of {key[0]}/{key[1]} from about offset {at} cannot be "
-                                f"read ({err.name()}: {err.str()}): deleted from the broker "
-                                "(retention, DeleteRecords) after the backup planned them, or "
-                                "corrupt; the backup would miss them"
-                            )
-                        last_error = err.str()
-                        continue
-                    end = active.get(key)
-                    if end is None:
-                        continue
-                    off = m.offset()
-                    if off >= end:
-                        continue
-                    buf = bufs.get(key)
-                    if buf is None:
-                        buf = bufs[key] = _PartBuf()
-                    v = m.value()
-                    buf.offsets.append(off)
-                    buf.timestamps.append(m.timestamp()[1])
-                    buf.keys.append(m.key())
-                    buf.values.append(v)
-                    buf.headers.append(m.headers())
-                    if v:
-                        buf.nbytes += len(v)
-                    if off >= end - 1:
-                        finish(key)
-                    elif len(buf.offsets) >= chunk_records or buf.nbytes >= _CHUNK_BYTES:
-                        flush_buf(key)
-                if throttle:
-                    for key in list(bufs):
-                        flush_buf(key)
-                    time.sleep(throttle)
-                if time.monotonic() - last_flush > checkpoint_interval:
-                    for key in list(bufs):
-                        flush_buf(key)
-                    submit(writer.flush)
-                    last_flush = time.monotonic()
-            for key in list(bufs):
-                flush_buf(key)
-            while inflight:
-                inflight.popleft().result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        total_records, total_bytes = totals
-        manifest = writer.commit(extra={
-            "kafka": {
-                "backup_type": "incremental" if plan.get("incremental_from") else "full",
-                "incremental_from": plan.get("incremental_from"),
-                "partition_counts": plan.get("partition_counts", {}),
-                "cut": plan["partitions"],
-                "gaps": plan.get("gaps", {}),
-                "consumer_groups_file": GROUPS_FILE if fs.exists(f"{path}/{GROUPS_FILE}") else None,
-            },
-        })
-        ckp.write()
-        return BackupResult(url, backup_id, total_records, total_bytes, time.monotonic() - t0,
-                            cut, ckp.segments, len(groups), ck_old is not None, manifest,
-                            {(t, int(p)): (g[0], g[1]) for t, ps in plan.get("gaps", {}).items()
-                             for p, g in ps.items()})
-    finally:
-        consumer.close()
+    return BackupRun(client_config, topics, url, **options).run()
