@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import make_columns, records_from_columns, save  # noqa: E402
-PRODUCER_DEFAULTS = {"linger.ms": 20, "batch.size": 1024 * 1024, "queue.buffering.max.messages": 500_000, "queue.buffering.max.kbytes": 512 * 1024, "compression.type": "lz4"}
+from fsspec_kbs.kafka.restore import PRODUCER_DEFAULTS  # noqa: E402
 
 #: The OSO kafka-backup tool (Rust) on the same kind of records, same machine (issue 24).
 OSO_RECORDS_PER_S = (380_000, 420_000)
@@ -77,7 +77,8 @@ def create(admin: object, topic: str, partitions: int) -> None:
 
 
 def plain_produce(conf: dict, topic: str, records: list[tuple], partitions: int) -> float:
-    """Seconds to produce ``records`` with the restore's producer settings; every one acknowledged."""
+    """Seconds to produce ``records`` with the restore's producer settings (delivery reports of
+    failures only, as a restore asks); every one acknowledged."""
     from confluent_kafka import Producer
 
     failed: list[str] = []
@@ -86,7 +87,8 @@ def plain_produce(conf: dict, topic: str, records: list[tuple], partitions: int)
         if err is not None:
             failed.append(str(err))
 
-    p = Producer({**PRODUCER_DEFAULTS, **conf, "enable.idempotence": True, "on_delivery": on_delivery})
+    p = Producer({**PRODUCER_DEFAULTS, "delivery.report.only.error": True, **conf, "enable.idempotence": True,
+                  "on_delivery": on_delivery})
     produce, poll = p.produce, p.poll
     t0 = time.perf_counter()
     for i, (k, v, h, ts) in enumerate(records):
@@ -135,11 +137,11 @@ def child_backup(conf: dict, topic: str, url: str) -> int:
 
 def run_child(kind: str, conf: dict, topic: str, url: str = "") -> dict:
     """Run one measurement in a fresh interpreter: its wall time and peak RSS."""
-    code = ("import json, sys, time, resource; sys.path.insert(0, %r); "
-            "from benchmarks.kafka_bench import child_%s as f; t0 = time.perf_counter(); "
+    code = (f"import json, sys, time, resource; sys.path.insert(0, {str(REPO)!r}); "
+            f"from benchmarks.kafka_bench import child_{kind} as f; t0 = time.perf_counter(); "
             "n = f(*json.loads(sys.argv[1])); el = time.perf_counter() - t0; "
             "print(json.dumps({'seconds': el, 'records': n, "
-            "'maxrss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))") % (str(REPO), kind)
+            "'maxrss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
     args = [conf, topic] + ([url] if url else [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], check=True, capture_output=True,

@@ -156,6 +156,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 #: Decoded records waiting for the producing thread, at most (bytes of keys and values).
 READ_AHEAD_BYTES = 32 * 1024 * 1024
+#: Compressed bytes decoded at a time. Small: turning a chunk into Python objects holds the GIL
+#: in long C calls, which the producing thread then waits out (32 MiB chunks: ~20 % slower).
+CHUNK_BYTES = 2 * 1024 * 1024
 
 
 @dataclass
@@ -252,7 +255,7 @@ class _ReadAhead:
         try:
             for ref in self.ds.fragments():
                 src = (ref.topic, ref.partition)
-                for cols in self.ds.backup.iter_columns(ref, threads=1):
+                for cols in self.ds.backup.iter_columns(ref, threads=1, max_chunk_bytes=CHUNK_BYTES):
                     if self.stop.is_set():
                         return
                     mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
