@@ -285,6 +285,7 @@ class _Sender:
         self.failed: dict[tuple[str, int], int] = {}  # (target topic, partition) -> refused records
         self.errors: list[str] = []
         self.records = self.bytes = 0
+        self.polled = 0.0
 
     def on_error(self, err: Any, msg: Any) -> None:
         if err is None:
@@ -322,7 +323,10 @@ class _Sender:
                     except BufferError:
                         poll(0.05)
             start = stop + 1
-        poll(0)
+        now = time.monotonic()
+        if now - self.polled > 0.2:  # serve failure reports now and then (each poll waits for the GIL)
+            poll(0)
+            self.polled = now
         first = self.sent.get(c.src, (c.offsets[0], 0))[0]
         self.sent[c.src] = (first, c.offsets[-1])
         self.records += n
