@@ -161,6 +161,12 @@ def run_child(kind: str, conf: dict, topic: str, url: str = "") -> dict:
     return row
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process, all threads (librdkafka's included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def zstd_seconds(cols: object) -> float:
     """One thread compressing the records as the backup encodes them (1 MiB batches, zstd-3)."""
     import zstandard
@@ -227,12 +233,15 @@ def main() -> None:
             keep("backup_cpu", row["cpu_seconds"])
             dst = f"bench-produce-{uuid.uuid4().hex[:8]}"
             create(admin, dst, parts)
+            c0 = cpu_seconds()
             keep("plain_produce", plain_produce(conf, dst, records, parts))
+            keep("plain_produce_cpu", cpu_seconds() - c0)
             dst2 = f"bench-restore-{uuid.uuid4().hex[:8]}"
             create(admin, dst2, parts)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             res = run_restore(url, conf, mapping={src: dst2})
             keep("restore", time.perf_counter() - t0)
+            keep("restore_cpu", cpu_seconds() - c0)
             assert res.records == n, res.records
             admin.delete_topics([dst, dst2])
             print(f"run {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()), flush=True)
@@ -249,6 +258,8 @@ def main() -> None:
         cpu_ratio = med["backup_cpu"] / (med["plain_consume_cpu"] + med["zstd3_one_thread"])
         print(f"CPU time: backup {med['backup_cpu']:.2f} s, plain consume {med['plain_consume_cpu']:.2f} s + zstd-3 "
               f"{med['zstd3_one_thread']:.2f} s: {cpu_ratio:.2f}x of the work of the two cores")
+        print(f"CPU time: restore {med['restore_cpu']:.2f} s, plain produce {med['plain_produce_cpu']:.2f} s: "
+              f"{med['restore_cpu'] / med['plain_produce_cpu']:.2f}x")
         print(f"backup / two-core limit max(consume, zstd-3): {backup_ratio:.2f}x  (target <= {BACKUP_TARGET}: "
               f"{'ok' if backup_ratio <= BACKUP_TARGET else 'MISSED'})")
         print(f"restore speed / plain produce loop:           {restore_ratio:.2f}x  (target >= {RESTORE_TARGET}: "
@@ -264,6 +275,7 @@ def main() -> None:
             "peak_rss_mb": {k: round(v) for k, v in peak.items()},
             "records_per_s": {k: round(n / v) for k, v in med.items() if not k.endswith("_cpu")},
             "backup_cpu_vs_consume_cpu_plus_zstd": round(cpu_ratio, 3),
+            "restore_cpu_vs_plain_produce_cpu": round(med["restore_cpu"] / med["plain_produce_cpu"], 3),
             "backup_vs_two_core_limit": round(backup_ratio, 3),
             "restore_vs_plain_produce": round(restore_ratio, 3),
             "oso_records_per_s": list(OSO_RECORDS_PER_S),
