@@ -10,6 +10,7 @@ at checkpoint offset + 1, so nothing is lost or duplicated whenever the process 
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 import warnings
@@ -504,6 +505,21 @@ class _CutReader:
         self.consumer.incremental_unassign([TopicPartition(*key)])
 
 
+def _warm_up(compression: str, level: int | None) -> None:
+    """Load the encoding kernels (numba: ~1 s of CPU in a fresh process) and the codec while the
+    main thread plans the cut, mostly waiting for the brokers, instead of at the first chunk."""
+    from fsspec_kbs.format import compress_batch, encode_batches
+    from fsspec_kbs.format.codecs import codec_from_name
+
+    try:
+        cols = RecordColumns.from_records([{"offset": 0, "timestamp": 0, "key": b"k", "value": b"v",
+                                            "headers": [("h", b"v")]}])
+        for batch in encode_batches(cols, 1024):
+            compress_batch(batch, codec_from_name(compression), level)
+    except Exception:  # only an optimisation: the real work reports real errors
+        pass
+
+
 class BackupRun:
     """One ``kbs backup`` run, in phases: open the target (refuse, or resume from the
     checkpoint), plan the cut, snapshot consumer groups, open the writer, read the cut,
@@ -539,6 +555,8 @@ class BackupRun:
     def run(self) -> BackupResult:
         t0 = time.monotonic()
         return_freed_buffers()
+        threading.Thread(target=_warm_up, args=(self.compression, self.level), name="kbs-warm-up",
+                         daemon=True).start()
         self._open_target()
         admin = admin_client(self.conf)
         md = cluster_metadata(admin, self.conf, self.connect_timeout)
