@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import make_columns, records_from_columns, save  # noqa: E402
-from fsspec_kbs.kafka.restore import PRODUCER_DEFAULTS  # noqa: E402
+from fsspec_kbs.kafka.produce import PRODUCER_DEFAULTS  # noqa: E402
 
 #: The OSO kafka-backup tool (Rust) on the same kind of records, same machine (issue 24).
 OSO_RECORDS_PER_S = (380_000, 420_000)

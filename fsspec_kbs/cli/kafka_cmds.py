@@ -28,7 +28,7 @@ from fsspec_kbs.cli.common import (
     time_option,
 )
 from fsspec_kbs.errors import KbsError
-from fsspec_kbs.kafka.backup import BackupMemory
+from fsspec_kbs.kafka.consume import BackupMemory
 
 _MEMORY = BackupMemory()
 
@@ -157,7 +157,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
     """Back up Kafka topics (a consistent cut: each partition up to its end offset at start)."""
     import re
 
-    from fsspec_kbs.kafka.backup import BackupMemory, IncrementalGapWarning, run_backup
+    from fsspec_kbs.kafka.backup import IncrementalGapWarning, run_backup
 
     _log_librdkafka(verbose)
 
@@ -247,8 +247,8 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
                 dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Restore a backup into a Kafka cluster (same partition numbers, exact records)."""
     from fsspec_kbs.kafka.config import parse_pairs
+    from fsspec_kbs.kafka.produce import RestoreIncompleteError
     from fsspec_kbs.kafka.restore import (
-        RestoreIncompleteError,
         RetentionWarning,
         parse_map,
         parse_offset_ranges,

@@ -5,16 +5,16 @@ so every layout :func:`fsspec_kbs.store.open_backup` detects can be restored.
 """
 
 from fsspec_kbs.kafka.backup import (
-    BackupMemory,
     BackupResult,
     BackupRun,
     IncrementalGapWarning,
     run_backup,
 )
 from fsspec_kbs.kafka.config import load_client_config, merge_client_config
+from fsspec_kbs.kafka.consume import BackupMemory
 from fsspec_kbs.kafka.groups import GROUPS_FILE, GroupOffsets, read_group_offsets
+from fsspec_kbs.kafka.produce import RestoreIncompleteError
 from fsspec_kbs.kafka.restore import (
-    RestoreIncompleteError,
     RestoreResult,
     RestoreRun,
     RetentionWarning,
