@@ -29,6 +29,7 @@ from fsspec_kbs.kafka.clients import (
     admin_client,
     client_config,
     cluster_metadata,
+    gc_paused,
     return_freed_buffers,
 )
 from fsspec_kbs.kafka.consume import BackupMemory, _Buffers, _codes, _CutReader, columns_of_messages
@@ -455,7 +456,8 @@ class BackupRun:
             writer.flush()
 
         try:
-            reader.run(self.checkpoint_interval, checkpoint)
+            with gc_paused():
+                reader.run(self.checkpoint_interval, checkpoint)
         except BaseException:
             writer._cancel_queue()  # compressions queued for segments that will not be written
             raise

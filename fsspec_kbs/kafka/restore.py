@@ -17,7 +17,13 @@ from typing import Any
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.filters import ScanFilter, to_millis
-from fsspec_kbs.kafka.clients import CONNECT_TIMEOUT, admin_client, client_config, cluster_metadata
+from fsspec_kbs.kafka.clients import (
+    CONNECT_TIMEOUT,
+    admin_client,
+    client_config,
+    cluster_metadata,
+    gc_paused,
+)
 from fsspec_kbs.kafka.groups import read_group_offsets
 from fsspec_kbs.kafka.produce import (
     PRODUCER_DEFAULTS,
@@ -247,13 +253,14 @@ class RestoreRun:
         producer = sender.producer = self._producer(sender, bool(translation.wanted))
         cause = None
         try:
-            for chunk in _ReadAhead(ds):
-                sender.send(chunk, translation.markers(chunk))
-                if self.progress is not None:
-                    self.progress(len(chunk.offsets), chunk.nbytes)
-                if sender.errors:
-                    cause = "the cluster refused records: " + "; ".join(sender.errors)
-                    break
+            with gc_paused():
+                for chunk in _ReadAhead(ds):
+                    sender.send(chunk, translation.markers(chunk))
+                    if self.progress is not None:
+                        self.progress(len(chunk.offsets), chunk.nbytes)
+                    if sender.errors:
+                        cause = "the cluster refused records: " + "; ".join(sender.errors)
+                        break
         except Exception as e:  # a corrupt segment, storage errors: what was sent still counts
             cause = str(e)
             error: Exception | None = e
