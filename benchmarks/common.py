@@ -75,6 +75,23 @@ def make_columns(n: int, value_min: int = 50, value_max: int = 2048, seed: int =
     )
 
 
+def records_from_columns(cols: RecordColumns) -> list[tuple[bytes, bytes, list | None, int]]:
+    """``(key, value, headers, timestamp)`` per record of :func:`make_columns` output, as a
+    producer takes them (every key and value present, headers as ``[(str, bytes)]`` or None)."""
+    kd, vd = cols.key_data.tobytes(), cols.value_data.tobytes()
+    ko, vo = cols.key_offsets.tolist(), cols.value_offsets.tolist()
+    hko, hvo, ho = cols.header_key_offsets.tolist(), cols.header_value_offsets.tolist(), cols.header_offsets.tolist()
+    hkd, hvd = cols.header_key_data.tobytes(), cols.header_value_data.tobytes()
+    hk = [hkd[a:b].decode() for a, b in zip(hko[:-1], hko[1:], strict=True)]
+    hv = [hvd[a:b] for a, b in zip(hvo[:-1], hvo[1:], strict=True)]
+    out = []
+    for i, ts in enumerate(cols.timestamps.tolist()):
+        a, b = ho[i], ho[i + 1]
+        out.append((kd[ko[i]:ko[i + 1]], vd[vo[i]:vo[i + 1]],
+                    list(zip(hk[a:b], hv[a:b], strict=True)) if b > a else None, ts))
+    return out
+
+
 def columns_for_bytes(target_bytes: int, value_min: int = 50, value_max: int = 2048,
                       seed: int = 1) -> RecordColumns:
     """About ``target_bytes`` of record data (keys + values + headers)."""

@@ -1,20 +1,28 @@
-"""Backup and restore throughput against a real broker, relative to raw confluent-kafka.
+"""``kbs backup`` and ``kbs restore`` against a real broker, with their limits measured in the same run.
 
-In one run, on the same records:
+One command::
 
-* raw consume: a confluent-kafka Consumer reading every partition to its end (touching key,
-  value, headers, timestamp of each message) — the ceiling for ``kbs backup``;
-* ``run_backup`` of the topic into a local directory (zstd level 3 and lz4);
-* raw produce: an idempotent Producer sending the same records (same partition, key, value,
-  headers, timestamp) from memory — the ceiling for ``kbs restore``;
-* ``run_restore`` of the backup into a new topic.
+    python benchmarks/kafka_bench.py [--records 400000] [--partitions 3] [--repeat 3]
 
-Usage::
+Records are realistic (:func:`benchmarks.common.make_columns`: keys 8–40 B, JSON-like values
+100 B–2 KB, 20 % with headers). The source topic is loaded once; then, ``--repeat`` times,
+interleaved so that load from elsewhere hits all alike:
 
-    python benchmarks/kafka_bench.py [--records 300000] [--value-bytes 256] [--partitions 3] [--repeat 3]
+* **plain consume**: a confluent-kafka consume loop (``consume(num_messages=…)``) reading every
+  partition to its end and touching key, value, headers and timestamp: the consuming core;
+* **zstd-3**: one thread compressing the same records, encoded as the backup encodes them, in
+  1 MiB batches: the compressing core;
+* **backup**: ``run_backup`` (zstd-3) into a local directory, in a subprocess whose peak RSS is
+  read from ``getrusage(RUSAGE_CHILDREN)``; the plain consume loop runs the same way, so the
+  two RSS figures compare;
+* **plain produce**: an idempotent Producer with the restore's settings sending the records from
+  Python lists — the reference for restore;
+* **restore**: ``run_restore`` of the backup into a new topic.
 
-Uses ``$KBS_KAFKA_BOOTSTRAP`` when set, else starts a broker with scripts/kafka.sh (and stops it).
-Prints the figures and ratios and writes them to ``benchmarks/results/kafka_bench.json``.
+Medians of the runs; ratios: backup wall time / ``max(plain consume, zstd-3)`` (the two-core
+limit: target ≤ 1.25) and plain produce / restore (target ≥ 0.9). Uses ``$KBS_KAFKA_BOOTSTRAP``
+when set, else starts a broker with ``scripts/kafka.sh`` in ``$KBS_KAFKA_DIR`` (default a
+temporary directory) and stops it after. Writes ``benchmarks/results/kafka_bench.json``.
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ import argparse
 import gc
 import json
 import os
-import platform
-import random
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,16 +41,19 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fsspec_kbs.kafka import run_backup, run_restore  # noqa: E402
+from benchmarks.common import make_columns, records_from_columns, save  # noqa: E402
+from fsspec_kbs.kafka.produce import PRODUCER_DEFAULTS  # noqa: E402
 
-PRODUCER_CONF = {"linger.ms": 20, "batch.size": 1024 * 1024, "queue.buffering.max.messages": 500_000,
-                 "queue.buffering.max.kbytes": 512 * 1024, "compression.type": "lz4", "enable.idempotence": True}
+#: The OSO kafka-backup tool (Rust) on the same kind of records, same machine (issue 24).
+OSO_RECORDS_PER_S = (380_000, 420_000)
+BACKUP_TARGET = 1.25  # backup wall time / two-core limit, at most
+RESTORE_TARGET = 0.9  # plain produce time / restore time, at least
+#: The consumer settings ``run_backup`` uses, so that the loop is its fair reference.
+CONSUMER_CONF = {"fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
+                 "enable.auto.commit": False, "enable.partition.eof": True}
 
 
 def start_broker(state: Path) -> tuple[str, dict]:
@@ -53,19 +64,9 @@ def start_broker(state: Path) -> tuple[str, dict]:
     return info["KBS_KAFKA_BOOTSTRAP"], env
 
 
-def make_records(n: int, partitions: int, value_bytes: int) -> list[tuple]:
-    rng = random.Random(42)
-    # Compressible-ish values (JSON-like text with random digits), like typical event payloads.
-    words = [f'"f{i}":"{rng.random():.12f}"' for i in range(64)]
-    out = []
-    for i in range(n):
-        v = ("{" + ",".join(rng.sample(words, 8)) + "}").encode()
-        v = (v * (value_bytes // len(v) + 1))[:value_bytes]
-        out.append((i % partitions, f"key-{i}".encode(), v, [("trace", f"{i:016x}".encode())], 1_700_000_000_000 + i))
-    return out
+def create(admin: object, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import NewTopic
 
-
-def create(admin: AdminClient, topic: str, partitions: int) -> None:
     for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         f.result()
     while True:
@@ -75,54 +76,44 @@ def create(admin: AdminClient, topic: str, partitions: int) -> None:
         time.sleep(0.1)
 
 
-def raw_produce(conf: dict, topic: str, records: list[tuple]) -> float:
-    """Seconds to produce ``records``; fails unless the broker acknowledged every one of them.
+def plain_produce(conf: dict, topic: str, records: list[tuple], partitions: int) -> float:
+    """Seconds to produce ``records`` with the restore's producer settings (delivery reports of
+    failures only, as a restore asks); every one acknowledged."""
+    from confluent_kafka import Producer
 
-    flush() returning 0 only means no record is still queued: failed deliveries count as done.
-    """
     failed: list[str] = []
 
     def on_delivery(err: object, msg: object) -> None:
         if err is not None:
             failed.append(str(err))
 
-    p = Producer({**conf, **PRODUCER_CONF, "on_delivery": on_delivery})
+    p = Producer({**PRODUCER_DEFAULTS, "delivery.report.only.error": True, **conf, "enable.idempotence": True,
+                  "on_delivery": on_delivery})
     produce, poll = p.produce, p.poll
     t0 = time.perf_counter()
-    for part, k, v, h, ts in records:
+    for i, (k, v, h, ts) in enumerate(records):
         while True:
             try:
-                produce(topic, v, k, part, timestamp=ts, headers=h)
+                produce(topic, v, k, i % partitions, timestamp=ts, headers=h)
                 break
             except BufferError:
                 poll(0.05)
     left = p.flush(120)
     elapsed = time.perf_counter() - t0
-    why = f"{left} records unacknowledged, {len(failed)} failed: {failed[:3]}"
-    assert left == 0 and not failed, why
+    assert left == 0 and not failed, (left, failed[:3])
     return elapsed
 
 
-def end_offsets(conf: dict, topic: str, partitions: int) -> dict[int, int]:
-    """High watermark of each partition, asked from its leader."""
-    c = Consumer({**conf, "group.id": f"bench-{uuid.uuid4().hex}"})
-    try:
-        out = {}
-        for p in range(partitions):
-            out[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-        return out
-    finally:
-        c.close()
+# -- children: one measurement each, in its own process (peak RSS of that work alone) ---------------
+def child_consume(conf: dict, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
 
-
-def raw_consume(conf: dict, topic: str, partitions: int) -> tuple[float, int]:
-    c = Consumer({**conf, "group.id": f"bench-{uuid.uuid4().hex}", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "fetch.max.bytes": 64 * 1024 * 1024,
-                  "max.partition.fetch.bytes": 8 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
-    t0 = time.perf_counter()
-    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    todo, n, sink = set(range(partitions)), 0, 0
+    parts = sorted(AdminClient(conf).list_topics(topic, timeout=10).topics[topic].partitions)
+    c = Consumer({**conf, **CONSUMER_CONF, "group.id": f"bench-{uuid.uuid4().hex}"})
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    todo, n, sink = set(parts), 0, 0
     while todo:
         for m in c.consume(10000, timeout=0.5):
             if m.error() is not None:
@@ -130,23 +121,77 @@ def raw_consume(conf: dict, topic: str, partitions: int) -> tuple[float, int]:
                     todo.discard(m.partition())
                 continue
             k, v, h, ts = m.key(), m.value(), m.headers(), m.timestamp()
-            sink += len(v) + (len(k) if k else 0) + (len(h) if h else 0) + ts[0]
+            sink += len(v) + (len(k) if k else 0) + (len(h) if h else 0) + ts[1]
             n += 1
             if m.offset() >= ends[m.partition()] - 1:
                 todo.discard(m.partition())
-    elapsed = time.perf_counter() - t0
     c.close()
-    return elapsed, n
+    return n
+
+
+def child_backup(conf: dict, topic: str, url: str) -> int:
+    from fsspec_kbs.kafka import run_backup
+
+    return run_backup(conf, [topic], url, compression="zstd", level=3, consumer_groups=False).records
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM): unlike ``ru_maxrss`` it is not inherited from the parent
+    across fork + exec (the parent holds the records, ~2 GB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_child(kind: str, conf: dict, topic: str, url: str = "") -> dict:
+    """Run one measurement in a fresh interpreter: its wall time and peak RSS."""
+    code = (f"import json, sys, time, resource; sys.path.insert(0, {str(REPO)!r}); "
+            f"from benchmarks.kafka_bench import peak_rss_mb, child_{kind} as f; t0 = time.perf_counter(); "
+            "n = f(*json.loads(sys.argv[1])); el = time.perf_counter() - t0; "
+            "print(json.dumps({'seconds': el, 'records': n, "
+            "'maxrss_mb': peak_rss_mb()}))")
+    args = [conf, topic] + ([url] if url else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], check=True, capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return row
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, all threads (librdkafka's included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def zstd_seconds(cols: object) -> tuple[float, float]:
+    """One thread compressing the records as the backup encodes them (1 MiB batches, zstd-3):
+    (wall, CPU) seconds."""
+    import zstandard
+
+    from fsspec_kbs.format import plan_encode
+
+    encoded = [enc().data for enc in plan_encode(cols, 1024 * 1024)]
+    z = zstandard.ZstdCompressor(level=3)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for data in encoded:
+        z.compress(data)
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=300_000)
-    ap.add_argument("--value-bytes", type=int, default=256)
+    ap.add_argument("--records", type=int, default=400_000)
     ap.add_argument("--partitions", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=3, help="best of N for each measurement")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "kafka_bench.json"))
+    ap.add_argument("--repeat", type=int, default=3, help="median of N for each measurement")
     args = ap.parse_args()
+
+    from confluent_kafka.admin import AdminClient
+
+    from fsspec_kbs.kafka import run_restore
 
     tmp = Path(tempfile.mkdtemp(prefix="kbs-kafka-bench-"))
     env = None
@@ -155,77 +200,89 @@ def main() -> None:
         if os.environ.get("KBS_KAFKA_BOOTSTRAP"):
             bootstrap = os.environ["KBS_KAFKA_BOOTSTRAP"]
         else:
-            bootstrap, env = start_broker(tmp / "broker")
+            bootstrap, env = start_broker(Path(os.environ.get("KBS_KAFKA_DIR") or tmp / "broker"))
         conf = {"bootstrap.servers": bootstrap}
         admin = AdminClient(conf)
         n, parts = args.records, args.partitions
-        records = make_records(n, parts, args.value_bytes)
-        payload = sum(len(k) + len(v) + sum(len(a) + len(b) for a, b in h) for _, k, v, h, _ in records)
+        cols = make_columns(n, value_min=100, value_max=2048, seed=24)
+        records = records_from_columns(cols)
+        payload = int(len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
+                      + len(cols.header_value_data))
+        print(f"{n:,} records, {payload / 1e6:.0f} MB of keys, values and headers, {parts} partitions", flush=True)
         src = f"bench-src-{uuid.uuid4().hex[:8]}"
         create(admin, src, parts)
-        raw_produce(conf, src, records)  # load the source topic (also warms the broker)
-        # The fresh topic must now end exactly where the acknowledged records do: a shortfall
-        # found later is then the backup's, not the producer's.
-        per_part = {p: sum(1 for r in records if r[0] == p) for p in range(parts)}
-        ends = end_offsets(conf, src, parts)
-        assert ends == per_part, (ends, per_part)
+        plain_produce(conf, src, records, parts)
 
-        results: dict = {"records": n, "partitions": parts, "value_bytes": args.value_bytes,
-                         "payload_bytes": payload, "python": platform.python_version(),
-                         "cpus": os.cpu_count(), "runs": {}}
+        runs: dict[str, list[float]] = {}
+        rss: dict[str, list[float]] = {}
 
-        def record(name: str, seconds: float, count: int = n) -> None:
-            results["runs"][name] = {"seconds": round(seconds, 3), "records_per_s": round(count / seconds),
-                                     "mb_per_s": round(payload / seconds / 1e6, 2)}
-            print(f"{name:<22} {seconds:7.2f} s  {count / seconds:>10,.0f} rec/s  {payload / seconds / 1e6:7.1f} MB/s",
-                  flush=True)
-
-        # Best of --repeat for each measurement, interleaved so load from elsewhere hits all alike.
-        best: dict[str, float] = {}
-
-        def keep(name: str, seconds: float) -> None:
-            best[name] = min(best.get(name, float("inf")), seconds)
+        def keep(name: str, seconds: float, maxrss: float | None = None) -> None:
+            runs.setdefault(name, []).append(seconds)
+            if maxrss is not None:
+                rss.setdefault(name, []).append(maxrss)
 
         for rep in range(args.repeat):
-            el, got = raw_consume(conf, src, parts)
-            assert got == n, (got, n)
-            keep("raw_consume", el)
-            for codec in ("zstd", "lz4"):
-                t0 = time.perf_counter()
-                res = run_backup(conf, [src], str(tmp / "backups" / f"b-{codec}-{rep}"), compression=codec,
-                                 consumer_groups=False)
-                # Every record was acknowledged (raw_produce) and read back (raw_consume) before.
-                detail = (codec, rep, res.records, res.partitions, res.seconds, ends)
-                assert res.records == n, detail
-                keep(f"backup_{codec}", time.perf_counter() - t0)
-            dst = f"bench-raw-{uuid.uuid4().hex[:8]}"
+            row = run_child("consume", conf, src)
+            assert row["records"] == n, row
+            keep("plain_consume", row["seconds"], row["maxrss_mb"])
+            keep("plain_consume_cpu", row["cpu_seconds"])
+            wall, cpu = zstd_seconds(cols)
+            keep("zstd3_one_thread", wall)
+            keep("zstd3_cpu", cpu)
+            url = str(tmp / "backups" / f"b-{rep}")
+            row = run_child("backup", conf, src, url)
+            assert row["records"] == n, row
+            keep("backup", row["seconds"], row["maxrss_mb"])
+            keep("backup_cpu", row["cpu_seconds"])
+            dst = f"bench-produce-{uuid.uuid4().hex[:8]}"
             create(admin, dst, parts)
-            keep("raw_produce", raw_produce(conf, dst, records))
+            c0 = cpu_seconds()
+            keep("plain_produce", plain_produce(conf, dst, records, parts))
+            keep("plain_produce_cpu", cpu_seconds() - c0)
             dst2 = f"bench-restore-{uuid.uuid4().hex[:8]}"
             create(admin, dst2, parts)
-            t0 = time.perf_counter()
-            res = run_restore(str(tmp / "backups" / f"b-zstd-{rep}"), conf, mapping={src: dst2})
-            assert res.records == n
-            keep("restore_zstd", time.perf_counter() - t0)
-            for name in (dst, dst2):
-                admin.delete_topics([name])
-        for name in ("raw_consume", "backup_zstd", "backup_lz4", "raw_produce", "restore_zstd"):
-            record(name, best[name])
-        sizes = {c: sum(f.stat().st_size for f in (tmp / "backups" / f"b-{c}-0").rglob("*.kbs")) for c in ("zstd", "lz4")}
-        results["backup_bytes"] = sizes
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            res = run_restore(url, conf, mapping={src: dst2})
+            keep("restore", time.perf_counter() - t0)
+            keep("restore_cpu", cpu_seconds() - c0)
+            assert res.records == n, res.records
+            admin.delete_topics([dst, dst2])
+            print(f"run {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()), flush=True)
 
-        runs = results["runs"]
-        results["ratios"] = {
-            "backup_zstd_vs_raw_consume": round(runs["raw_consume"]["seconds"] / runs["backup_zstd"]["seconds"], 3),
-            "backup_lz4_vs_raw_consume": round(runs["raw_consume"]["seconds"] / runs["backup_lz4"]["seconds"], 3),
-            "restore_vs_raw_produce": round(runs["raw_produce"]["seconds"] / runs["restore_zstd"]["seconds"], 3),
-        }
-        for k, v in results["ratios"].items():
-            print(f"{k:<30} {v:.2f}x")
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {out}")
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        limit = max(med["plain_consume"], med["zstd3_one_thread"])
+        backup_ratio = med["backup"] / limit
+        restore_ratio = med["plain_produce"] / med["restore"]
+        peak = {k: max(v) for k, v in rss.items()}
+        print()
+        for name in ("plain_consume", "zstd3_one_thread", "backup", "plain_produce", "restore"):
+            print(f"{name:<18} {med[name]:7.2f} s  {n / med[name]:>10,.0f} records/s  {payload / med[name] / 1e6:7.1f} MB/s"
+                  + (f"  peak RSS {peak[name]:6.0f} MB" if name in peak else ""))
+        cpu_ratio = med["backup_cpu"] / (med["plain_consume_cpu"] + med["zstd3_cpu"])
+        print(f"CPU time: backup {med['backup_cpu']:.2f} s, plain consume {med['plain_consume_cpu']:.2f} s + zstd-3 "
+              f"{med['zstd3_cpu']:.2f} s: {cpu_ratio:.2f}x of the work of the two cores")
+        print(f"CPU time: restore {med['restore_cpu']:.2f} s, plain produce {med['plain_produce_cpu']:.2f} s: "
+              f"{med['restore_cpu'] / med['plain_produce_cpu']:.2f}x")
+        print(f"backup / two-core limit max(consume, zstd-3): {backup_ratio:.2f}x  (target <= {BACKUP_TARGET}: "
+              f"{'ok' if backup_ratio <= BACKUP_TARGET else 'MISSED'})")
+        print(f"restore speed / plain produce loop:           {restore_ratio:.2f}x  (target >= {RESTORE_TARGET}: "
+              f"{'ok' if restore_ratio >= RESTORE_TARGET else 'MISSED'})")
+        print(f"backup peak RSS: {peak['backup']:.0f} MB (target <= 400 MB)")
+        lo, hi = OSO_RECORDS_PER_S
+        print(f"kbs backup {n / med['backup']:,.0f} records/s; the OSO tool: {lo:,}-{hi:,} records/s "
+              "(issue 24, 1.5 M records of the same kind, same machine)")
+        save("kafka_bench", {
+            "records": n, "partitions": parts, "payload_bytes": payload, "repeat": args.repeat,
+            "median_seconds": {k: round(v, 3) for k, v in med.items()},
+            "runs_seconds": {k: [round(x, 3) for x in v] for k, v in runs.items()},
+            "peak_rss_mb": {k: round(v) for k, v in peak.items()},
+            "records_per_s": {k: round(n / v) for k, v in med.items() if not k.endswith("_cpu")},
+            "backup_cpu_vs_consume_cpu_plus_zstd": round(cpu_ratio, 3),
+            "restore_cpu_vs_plain_produce_cpu": round(med["restore_cpu"] / med["plain_produce_cpu"], 3),
+            "backup_vs_two_core_limit": round(backup_ratio, 3),
+            "restore_vs_plain_produce": round(restore_ratio, 3),
+            "oso_records_per_s": list(OSO_RECORDS_PER_S),
+        })
     finally:
         admin = None  # drop librdkafka clients before their broker goes away (no reconnect noise)
         gc.collect()

@@ -15,6 +15,7 @@ from rich.text import Text
 from fsspec_kbs.cli.common import (
     CODEC_CHOICE,
     TIME_HELP,
+    CliError,
     alias,
     console,
     fail,
@@ -27,6 +28,9 @@ from fsspec_kbs.cli.common import (
     time_option,
 )
 from fsspec_kbs.errors import KbsError
+from fsspec_kbs.kafka.consume import BackupMemory
+
+_MEMORY = BackupMemory()
 
 
 class _Rate(ProgressColumn):
@@ -76,6 +80,10 @@ def _client_options(fn: Callable) -> Callable:
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      help="Client properties file (key=value lines); -X and --bootstrap-servers override it."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
+        click.option("-v", "--verbose", count=True,
+                     help="librdkafka's log lines: INFO with -v, DEBUG with -vv (default: WARNING and above)."),
+        click.option("--connect-timeout", type=float, default=15.0, show_default=True,
+                     help="Seconds the first contact with the cluster may take before the command fails."),
     ]):
         fn = opt(fn)
     return fn
@@ -85,6 +93,20 @@ def _client_config(bootstrap: str | None, config_file: str | None, pairs: tuple[
     from fsspec_kbs.kafka.config import merge_client_config
 
     return merge_client_config(bootstrap, config_file, pairs)
+
+
+def _log_librdkafka(verbose: int) -> None:
+    """librdkafka's log lines on stderr through Python logging, WARNING and above unless -v."""
+    import logging
+
+    from fsspec_kbs.kafka.clients import LOGGER
+
+    LOGGER.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING)
+    if not any(getattr(h, "_kbs", False) for h in LOGGER.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("librdkafka %(levelname)s: %(message)s"))
+        handler._kbs = True  # type: ignore[attr-defined]
+        LOGGER.addHandler(handler)
 
 
 def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
@@ -115,16 +137,29 @@ def _backup_url(to: str, backup_id: str | None) -> tuple[str, str]:
 @click.option("--no-consumer-groups", is_flag=True, help="Do not snapshot consumer-group offsets.")
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True,
               help="Seconds after which buffered records are written and checkpointed.")
+@click.option("--buffer-bytes", type=int, default=_MEMORY.buffer_bytes, show_default=True,
+              help="Consumed records waiting to be compressed, all partitions together.")
+@click.option("--compress-ahead-bytes", type=int, default=_MEMORY.compress_ahead_bytes, show_default=True,
+              help="Records queued for the compressing threads.")
+@click.option("--segment-buffer-bytes", type=int, default=_MEMORY.segment_buffer_bytes, show_default=True,
+              help="Compressed data of unfinished segments, all partitions together (beyond it the "
+                   "largest is written early).")
+@click.option("--fetch-queue-bytes", type=int, default=_MEMORY.fetch_queue_bytes, show_default=True,
+              help="librdkafka's queue of fetched records (queued.max.messages.kbytes).")
 @storage_options_option
 def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], config_file: str | None, quiet: bool,
+               verbose: int, connect_timeout: float,
                topic_names: tuple[str, ...], topics: tuple[str, ...], to: str, backup_id: str | None, compression: str, level: int | None,
                segment_max_bytes: int, segment_max_records: int | None, resume: bool,
                incremental_from: str | None, include_internal: bool, no_consumer_groups: bool,
-               checkpoint_interval: float, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
+               checkpoint_interval: float, buffer_bytes: int, compress_ahead_bytes: int, segment_buffer_bytes: int,
+               fetch_queue_bytes: int, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Back up Kafka topics (a consistent cut: each partition up to its end offset at start)."""
     import re
 
     from fsspec_kbs.kafka.backup import IncrementalGapWarning, run_backup
+
+    _log_librdkafka(verbose)
 
     patterns = [re.escape(t) for t in topic_names] + list(topics)
     if not patterns:
@@ -135,6 +170,8 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
             raise click.UsageError("--resume needs the --backup-id of the backup to continue")
         conf = _client_config(bootstrap_servers, config_file, client_config)
         so = storage_options_from(storage_option, storage_options_json)
+        memory = BackupMemory(fetch_queue_bytes=fetch_queue_bytes, buffer_bytes=buffer_bytes,
+                              compress_ahead_bytes=compress_ahead_bytes, segment_buffer_bytes=segment_buffer_bytes)
         url, bid = _backup_url(to, backup_id)
         if not quiet:
             console.print(f"backup [bold]{bid}[/] -> {url}  (client: {format_config(conf)})", highlight=False)
@@ -146,7 +183,7 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
                              segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
                              resume=resume, incremental_from=incremental_from, include_internal=include_internal,
                              consumer_groups=not no_consumer_groups, checkpoint_interval=checkpoint_interval,
-                             progress=advance, on_plan=set_total)
+                             connect_timeout=connect_timeout, memory=memory, progress=advance, on_plan=set_total)
     except KbsError as e:
         fail(e)
         return
@@ -203,19 +240,22 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
 @click.option("--dry-run", is_flag=True, help="Print what would be restored and exit.")
 @storage_options_option
 def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: tuple[str, ...],
-                config_file: str | None, quiet: bool, topics: tuple[str, ...], topic_pattern: str | None,
+                config_file: str | None, quiet: bool, verbose: int, connect_timeout: float, topics: tuple[str, ...], topic_pattern: str | None,
                 maps: tuple[str, ...], partitions: tuple[int, ...], from_time: int | None, to_time: int | None,
                 offset_ranges: tuple[str, ...], create_topics: bool, replication_factor: int,
                 topic_configs: tuple[str, ...], include_offset_headers: bool, offset_header_style: str, restore_consumer_offsets: bool,
                 dry_run: bool, storage_option: tuple[str, ...], storage_options_json: str | None) -> None:
     """Restore a backup into a Kafka cluster (same partition numbers, exact records)."""
     from fsspec_kbs.kafka.config import parse_pairs
+    from fsspec_kbs.kafka.produce import RestoreIncompleteError
     from fsspec_kbs.kafka.restore import (
         RetentionWarning,
         parse_map,
         parse_offset_ranges,
         run_restore,
     )
+
+    _log_librdkafka(verbose)
 
     try:
         conf = _client_config(bootstrap_servers, config_file, client_config)
@@ -232,7 +272,12 @@ def restore_cmd(backup_url: str, bootstrap_servers: str | None, client_config: t
                 replication_factor=replication_factor, topic_config=parse_pairs(topic_configs, "--topic-config"),
                 include_offset_headers=include_offset_headers,
                 offset_header_style=offset_header_style, restore_consumer_offsets=restore_consumer_offsets,
-                dry_run=dry_run, progress=advance, on_plan=lambda plans: set_total(sum(p.records for p in plans)))
+                dry_run=dry_run, connect_timeout=connect_timeout, progress=advance,
+                on_plan=lambda plans: set_total(sum(p.records for p in plans)))
+    except RestoreIncompleteError as e:
+        for line in str(e).splitlines()[1:]:  # per partition: what reached the target, how to go on
+            console.print(line, highlight=False, soft_wrap=True)
+        raise CliError(str(e).splitlines()[0]) from e
     except Exception as e:
         fail(e)
         return

@@ -7,20 +7,30 @@ through :class:`fsspec_kbs.KbsDataset`, so every layout ``open_backup`` detects 
 
 from __future__ import annotations
 
-import struct
+import bisect
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.filters import ScanFilter, to_millis
+from fsspec_kbs.kafka.clients import (
+    CONNECT_TIMEOUT,
+    admin_client,
+    client_config,
+    cluster_metadata,
+    gc_paused,
+)
 from fsspec_kbs.kafka.groups import read_group_offsets
+from fsspec_kbs.kafka.produce import (
+    PRODUCER_DEFAULTS,
+    _Chunk,
+    _ReadAhead,
+    _Sender,
+)
 from fsspec_kbs.store.names import check_topic
 
 ProgressFn = Callable[[int, int], None]
@@ -74,28 +84,23 @@ def parse_map(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 
 def parse_offset_ranges(specs: list[str] | tuple[str, ...]) -> dict[tuple[str, int], tuple[int | None, int | None]]:
-    """``TOPIC:PARTITION:START:END`` bounds (START inclusive, END exclusive, either may be empty)."""
+    """``TOPIC:PARTITION:START:END`` bounds (START inclusive, END exclusive, either may be empty);
+    ranges of the same partition intersect."""
     out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
     for spec in specs:
         parts = spec.rsplit(":", 3)
         try:
             topic, part, start, end = parts
             key = (topic, int(part))
-            out[key] = (int(start) if start else None, int(end) if end else None)
+            lo, hi = (int(start) if start else None, int(end) if end else None)
         except ValueError as e:
             raise KbsError(f"offset range {spec!r} is not TOPIC:PARTITION:START:END") from e
+        if key in out:  # the same partition again (e.g. a continuation added): both bounds hold
+            a, b = out[key]
+            lo = a if lo is None else lo if a is None else max(a, lo)
+            hi = b if hi is None else hi if b is None else min(b, hi)
+        out[key] = (lo, hi)
     return out
-
-
-def offset_headers(style: str, offset: int, timestamp: int, partition: int) -> list[tuple[str, bytes]]:
-    """Provenance headers added to a restored record (kbs-format.md §5 or OSO's binary form)."""
-    if style == "kbs":
-        return [("x-kafka-backup-offset", str(offset).encode()),
-                ("x-kafka-backup-timestamp", str(timestamp).encode()),
-                ("x-kafka-backup-partition", str(partition).encode())]
-    return [("x-original-offset", struct.pack("<q", offset)),
-            ("x-original-timestamp", struct.pack("<q", timestamp)),
-            ("x-source-partition", struct.pack("<i", partition))]
 
 
 def _source_partition_counts(ds: KbsDataset) -> dict[str, int]:
@@ -105,29 +110,257 @@ def _source_partition_counts(ds: KbsDataset) -> dict[str, int]:
     return {str(t): int(n) for t, n in counts.items()}
 
 
-def run_restore(
-    backup_url: str,
-    client_config: dict[str, str],
-    *,
-    storage_options: dict | None = None,
-    topics: list[str] | None = None,
-    topic_pattern: str | None = None,
-    mapping: dict[str, str] | None = None,
-    partitions: list[int] | None = None,
-    from_time: Any = None,
-    to_time: Any = None,
-    offset_ranges: dict[tuple[str, int], tuple[int | None, int | None]] | None = None,
-    create_topics: bool = False,
-    replication_factor: int = -1,
-    topic_config: dict[str, str] | None = None,
-    include_offset_headers: bool = False,
-    offset_header_style: str = "kbs",
-    restore_consumer_offsets: bool = False,
-    dry_run: bool = False,
-    timeout: float = 30.0,
-    progress: ProgressFn | None = None,
-    on_plan: Callable[[list[PartitionPlan]], None] | None = None,
-) -> RestoreResult:
+class RestoreRun:
+    """One ``kbs restore`` run, in phases: select, plan (exact counts), target topics,
+    produce, consumer-group offsets. See :func:`run_restore` for the parameters."""
+
+    def __init__(self, backup_url: str, client_config: dict[str, str], *, storage_options: dict | None = None,
+                 topics: list[str] | None = None, topic_pattern: str | None = None,
+                 mapping: dict[str, str] | None = None, partitions: list[int] | None = None,
+                 from_time: Any = None, to_time: Any = None,
+                 offset_ranges: dict[tuple[str, int], tuple[int | None, int | None]] | None = None,
+                 create_topics: bool = False, replication_factor: int = -1, topic_config: dict[str, str] | None = None,
+                 include_offset_headers: bool = False, offset_header_style: str = "kbs",
+                 restore_consumer_offsets: bool = False, dry_run: bool = False, timeout: float = 30.0,
+                 connect_timeout: float = CONNECT_TIMEOUT, progress: ProgressFn | None = None,
+                 on_plan: Callable[[list[PartitionPlan]], None] | None = None) -> None:
+        if offset_header_style not in OFFSET_HEADER_STYLES:
+            raise KbsError(f"offset header style must be one of {OFFSET_HEADER_STYLES}")
+        self.backup_url, self.conf, self.storage_options = backup_url, client_config, storage_options
+        self.topics, self.topic_pattern, self.partitions = topics, topic_pattern, partitions
+        self.mapping = {check_topic(src): check_topic(dst) for src, dst in (mapping or {}).items()}
+        self.from_time, self.to_time, self.offset_ranges = from_time, to_time, offset_ranges
+        self.create_topics, self.replication_factor, self.topic_config = create_topics, replication_factor, topic_config
+        self.include_offset_headers, self.offset_header_style = include_offset_headers, offset_header_style
+        self.restore_consumer_offsets, self.dry_run = restore_consumer_offsets, dry_run
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.progress, self.on_plan = progress, on_plan
+
+    def run(self) -> RestoreResult:
+        t0 = time.monotonic()
+        ds = self._select()
+        plans = self._plan(ds)
+        if self.on_plan is not None:
+            self.on_plan(plans)
+        admin = admin_client(self.conf)
+        result = self._targets(admin, ds, plans)
+        if not self.dry_run:
+            groups = (read_group_offsets(ds.backup.fs, ds.backup.path) or []) if self.restore_consumer_offsets else []
+            translation = _Translation(groups, {(pp.topic, pp.partition) for pp in plans})
+            result.records, result.bytes = self._produce(ds, translation)
+            result.group_offsets = self._set_group_offsets(admin, translation)
+        result.seconds = time.monotonic() - t0
+        return result
+
+    # -- phases -------------------------------------------------------------------------------
+    def _select(self) -> KbsDataset:
+        ds = KbsDataset.open(self.backup_url, self.storage_options)
+        in_backup = set(ds.backup.topics())
+        unknown = sorted({*(self.topics or []), *self.mapping} - in_backup)
+        if unknown:
+            raise KbsError(f"topic(s) {', '.join(unknown)} are not in the backup {self.backup_url} "
+                           f"(it holds {', '.join(sorted(in_backup)) or 'no topics'})")
+        ds = ds.filter(topics=self.topics, partitions=self.partitions, start_time=to_millis(self.from_time),
+                       end_time=to_millis(self.to_time), topic_pattern=self.topic_pattern)
+        if self.offset_ranges:
+            ds = KbsDataset(ds.backup, ds.scan_filter.and_(ScanFilter(offset_ranges=dict(self.offset_ranges))))
+        return ds
+
+    def _plan(self, ds: KbsDataset) -> list[PartitionPlan]:
+        """Exact counts per partition: from the manifest where a whole segment is inside the
+        bounds, else from the segment's offsets and timestamps."""
+        sf = ds.scan_filter
+        plan: dict[tuple[str, int], PartitionPlan] = {}
+
+        def add(t: str, p: int, n: int, first: int, last: int, lo: int | None, hi: int | None) -> None:
+            pp = plan.get((t, p))
+            if pp is None:
+                pp = plan[(t, p)] = PartitionPlan(t, p, self.mapping.get(t, t))
+            pp.records += n
+            pp.first_offset = first if pp.first_offset is None else min(pp.first_offset, first)
+            pp.last_offset = last if pp.last_offset is None else max(pp.last_offset, last)
+            if lo is not None:
+                pp.min_timestamp = lo if pp.min_timestamp is None else min(pp.min_timestamp, lo)
+            if hi is not None:
+                pp.max_timestamp = hi if pp.max_timestamp is None else max(pp.max_timestamp, hi)
+
+        for ref in ds.fragments():
+            if _wholly_inside(ref, sf):
+                if ref.records:
+                    add(ref.topic, ref.partition, ref.records, ref.first_offset, ref.last_offset,
+                        ref.min_timestamp, ref.max_timestamp)
+                continue
+            for cols in ds.backup.iter_columns(ref):
+                mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
+                offs, ts = (cols.offsets, cols.timestamps) if mask is None else (cols.offsets[mask], cols.timestamps[mask])
+                if len(offs):
+                    add(ref.topic, ref.partition, len(offs), int(offs[0]), int(offs[-1]), int(ts.min()), int(ts.max()))
+        return sorted(plan.values(), key=lambda x: (x.topic, x.partition))
+
+    def _targets(self, admin: Any, ds: KbsDataset, plans: list[PartitionPlan]) -> RestoreResult:
+        """Check (and with ``create_topics`` create) the target topics; retention warnings."""
+        from confluent_kafka.admin import NewTopic
+
+        md = cluster_metadata(admin, self.conf, self.connect_timeout)
+        src_counts = _source_partition_counts(ds)
+        needed: dict[str, int] = {}
+        highest: dict[str, int] = {}
+        for pp in plans:
+            needed[pp.target] = max(needed.get(pp.target, 0), pp.partition + 1, src_counts.get(pp.topic, 0))
+            highest[pp.target] = max(highest.get(pp.target, 0), pp.partition + 1)
+        missing = sorted(t for t in needed if t not in md.topics)
+        for t in needed:
+            if t in md.topics and len(md.topics[t].partitions) < highest[t]:
+                raise KbsError(f"target topic {t} has {len(md.topics[t].partitions)} partitions; the backup needs "
+                               f"{highest[t]} (partition numbers are kept)")
+        if missing and not self.create_topics and not self.dry_run:
+            raise KbsError(f"target topic(s) {', '.join(missing)} do not exist; pass --create-topics to create them")
+        result = RestoreResult(0, 0, 0.0, plans, missing if self.create_topics else [], dry_run=self.dry_run)
+        if self.dry_run:
+            return result
+        if missing:
+            futs = admin.create_topics([NewTopic(t, num_partitions=needed[t], replication_factor=self.replication_factor,
+                                                 config=dict(self.topic_config or {})) for t in missing],
+                                       request_timeout=self.timeout)
+            for t, f in futs.items():
+                try:
+                    f.result()
+                except Exception as e:  # KafkaException carries the broker's reason
+                    raise KbsError(f"cannot create topic {t}: {e}") from e
+            _wait_for_topics(admin, missing, self.timeout)
+        result.retention_warnings = _retention_warnings(admin, plans, self.timeout)
+        for msg in result.retention_warnings:
+            warnings.warn(msg, RetentionWarning, stacklevel=4)
+        return result
+
+    def _producer(self, sender: _Sender, full_reports: bool) -> Any:
+        from confluent_kafka import Producer
+
+        return Producer(client_config({
+            **PRODUCER_DEFAULTS,
+            # A delivery report per record costs a Python call each; errors are all we need
+            # unless consumer-group offsets are translated (their marker records report).
+            "delivery.report.only.error": not full_reports,
+            **self.conf,
+            "enable.idempotence": True,  # no duplicates from internal retries, order kept
+            "on_delivery": sender.on_error,
+        }))
+
+    def _produce(self, ds: KbsDataset, translation: _Translation) -> tuple[int, int]:
+        """Produce the selection in offset order per partition; on any stop, flush and raise
+        :class:`RestoreIncompleteError` saying what reached the target."""
+        sender = _Sender(None, self.mapping, self.include_offset_headers, self.offset_header_style)
+        producer = sender.producer = self._producer(sender, bool(translation.wanted))
+        cause = None
+        try:
+            with gc_paused():
+                for chunk in _ReadAhead(ds):
+                    sender.send(chunk, translation.markers(chunk))
+                    if self.progress is not None:
+                        self.progress(len(chunk.offsets), chunk.nbytes)
+                    if sender.errors:
+                        cause = "the cluster refused records: " + "; ".join(sender.errors)
+                        break
+        except Exception as e:  # a corrupt segment, storage errors: what was sent still counts
+            cause = str(e)
+            error: Exception | None = e
+        else:
+            error = None
+        remaining = producer.flush(max(self.timeout, 60.0))
+        if cause is None and sender.errors:
+            cause = "the cluster refused records: " + "; ".join(sender.errors)
+        if cause is None and remaining:
+            cause = f"{remaining} records were not acknowledged by the cluster in time"
+        if cause is not None:
+            raise sender.incomplete(cause, remaining) from error
+        return sender.records, sender.bytes
+
+    def _set_group_offsets(self, admin: Any, translation: _Translation) -> dict[str, dict[tuple[str, int], int]]:
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+        out: dict[str, dict[tuple[str, int], int]] = {}
+        for gid, table in translation.targets(self.mapping).items():
+            tps = [TopicPartition(t, p, off) for (t, p), off in table.items()]
+            futs = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(gid, tps)],
+                                                      request_timeout=self.timeout)
+            try:
+                futs[gid].result()
+            except Exception as e:
+                raise KbsError(f"cannot set offsets of consumer group {gid}: {e}") from e
+            out[gid] = table
+        return out
+
+
+def _wholly_inside(ref: Any, sf: ScanFilter) -> bool:
+    """The manifest knows the segment's ranges and all of it is inside the bounds."""
+    s_off, e_off = sf.bounds(ref.topic, ref.partition)
+    return (ref.records is not None and ref.first_offset is not None and ref.last_offset is not None
+            and ref.min_timestamp is not None and ref.max_timestamp is not None
+            and (s_off is None or ref.first_offset >= s_off) and (e_off is None or ref.last_offset < e_off)
+            and (sf.start_time is None or ref.min_timestamp >= sf.start_time)
+            and (sf.end_time is None or ref.max_timestamp < sf.end_time))
+
+
+class _Translation:
+    """Consumer-group offsets: the source offsets whose target offsets are needed, and those
+    found by the delivery reports of their records."""
+
+    def __init__(self, groups: list[Any], restored: set[tuple[str, int]]) -> None:
+        self.groups = groups
+        wanted: dict[tuple[str, int], set[int]] = {}
+        for g in groups:
+            for t, ps in g.offsets.items():
+                for p, off in ps.items():
+                    if (t, p) in restored:
+                        wanted.setdefault((t, p), set()).add(off)
+        self.wanted = {k: sorted(v) for k, v in wanted.items()}
+        self.translated: dict[tuple[str, int, int], int] = {}  # (src topic, p, committed) -> target offset
+        self.end_of: dict[tuple[str, int], int] = {}  # (src topic, p) -> last target offset + 1
+
+    def markers(self, c: _Chunk) -> dict[int, Callable[[Any, Any], None]]:
+        """Record index -> delivery callback, for the records whose target offsets are needed
+        (the first at or after each committed offset, and the chunk's last)."""
+        commits = self.wanted.get(c.src)
+        if not commits:
+            return {}
+        src, offs = c.src, c.offsets
+        at: dict[int, list[int]] = {}
+        for committed in commits:
+            if committed <= offs[-1] and (src[0], src[1], committed) not in self.translated:
+                at.setdefault(bisect.bisect_left(offs, committed), []).append(committed)
+                self.translated[(src[0], src[1], committed)] = -1  # scheduled; later chunks skip it
+        at.setdefault(len(offs) - 1, [])  # the last record tells where the data ends
+        return {i: self._marker(src, cs) for i, cs in at.items()}
+
+    def _marker(self, src: tuple[str, int], commits: list[int]) -> Callable[[Any, Any], None]:
+        def cb(err: Any, msg: Any) -> None:
+            if err is not None:
+                return  # counted by the producer's own callback
+            for c in commits:
+                self.translated[(src[0], src[1], c)] = msg.offset()
+            self.end_of[src] = max(self.end_of.get(src, 0), msg.offset() + 1)
+        return cb
+
+    def targets(self, mapping: dict[str, str]) -> dict[str, dict[tuple[str, int], int]]:
+        """Per group, the target offset to commit per target partition."""
+        out: dict[str, dict[tuple[str, int], int]] = {}
+        for g in self.groups:
+            table: dict[tuple[str, int], int] = {}
+            for t, ps in g.offsets.items():
+                for p, off in ps.items():
+                    if (t, p) not in self.wanted:
+                        continue
+                    new = self.translated.get((t, p, off))
+                    if new is None or new < 0:
+                        new = self.end_of.get((t, p))  # committed past the restored data: its end
+                    if new is not None:
+                        table[(mapping.get(t, t), p)] = new
+            if table:
+                out[g.group_id] = table
+        return out
+
+
+def run_restore(backup_url: str, client_config: dict[str, str], **options: Any) -> RestoreResult:
     """Restore a backup (or the selected part of it) into the cluster of ``client_config``.
 
     Time bounds: ``from_time`` inclusive, ``to_time`` exclusive (Unix ms, ISO 8601, datetime).
@@ -138,243 +371,15 @@ def run_restore(
     ``topic_config``: configs of the topics ``create_topics`` creates (e.g. ``{"retention.ms":
     "-1"}``: records older than a topic's retention are deleted by the broker soon after they are
     restored; each target topic's retention is checked and a :class:`RetentionWarning` given).
+    ``connect_timeout``: seconds the first contact with the cluster may take (default 15).
+
+    Raises
+    ------
+    RestoreIncompleteError
+        The restore stopped part-way; it says per partition what reached the target and the
+        ``--offset-range`` flags that continue it without duplicates.
     """
-    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    if offset_header_style not in OFFSET_HEADER_STYLES:
-        raise KbsError(f"offset header style must be one of {OFFSET_HEADER_STYLES}")
-    t0 = time.monotonic()
-    mapping = {check_topic(src): check_topic(dst) for src, dst in (mapping or {}).items()}
-    ds = KbsDataset.open(backup_url, storage_options)
-    in_backup = set(ds.backup.topics())
-    unknown = sorted({*(topics or []), *mapping} - in_backup)
-    if unknown:
-        raise KbsError(f"topic(s) {', '.join(unknown)} are not in the backup {backup_url} "
-                       f"(it holds {', '.join(sorted(in_backup)) or 'no topics'})")
-    ds = ds.filter(topics=topics, partitions=partitions, start_time=to_millis(from_time),
-                   end_time=to_millis(to_time), topic_pattern=topic_pattern)
-    if offset_ranges:
-        ds = KbsDataset(ds.backup, ds.scan_filter.and_(ScanFilter(offset_ranges=dict(offset_ranges))))
-
-    # -- plan: exact counts; from the manifest where a whole segment is inside the bounds --------
-    sf = ds.scan_filter
-    plan: dict[tuple[str, int], PartitionPlan] = {}
-
-    def add(t: str, p: int, n: int, first: int, last: int, lo: int | None, hi: int | None) -> None:
-        pp = plan.get((t, p))
-        if pp is None:
-            pp = plan[(t, p)] = PartitionPlan(t, p, mapping.get(t, t))
-        pp.records += n
-        pp.first_offset = first if pp.first_offset is None else min(pp.first_offset, first)
-        pp.last_offset = last if pp.last_offset is None else max(pp.last_offset, last)
-        if lo is not None:
-            pp.min_timestamp = lo if pp.min_timestamp is None else min(pp.min_timestamp, lo)
-        if hi is not None:
-            pp.max_timestamp = hi if pp.max_timestamp is None else max(pp.max_timestamp, hi)
-
-    for ref in ds.fragments():
-        s_off, e_off = sf.bounds(ref.topic, ref.partition)
-        whole = (ref.records is not None and ref.first_offset is not None and ref.last_offset is not None
-                 and ref.min_timestamp is not None and ref.max_timestamp is not None
-                 and (s_off is None or ref.first_offset >= s_off) and (e_off is None or ref.last_offset < e_off)
-                 and (sf.start_time is None or ref.min_timestamp >= sf.start_time)
-                 and (sf.end_time is None or ref.max_timestamp < sf.end_time))
-        if whole:
-            if ref.records:
-                add(ref.topic, ref.partition, ref.records, ref.first_offset, ref.last_offset,
-                    ref.min_timestamp, ref.max_timestamp)
-            continue
-        for cols in ds.backup.iter_columns(ref):
-            mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
-            offs, ts = (cols.offsets, cols.timestamps) if mask is None else (cols.offsets[mask], cols.timestamps[mask])
-            if len(offs):
-                add(ref.topic, ref.partition, len(offs), int(offs[0]), int(offs[-1]), int(ts.min()), int(ts.max()))
-    plans = sorted(plan.values(), key=lambda x: (x.topic, x.partition))
-    if on_plan is not None:
-        on_plan(plans)
-
-    # -- target topics -------------------------------------------------------------------------------
-    admin = AdminClient(dict(client_config))
-    md = admin.list_topics(timeout=timeout)
-    src_counts = _source_partition_counts(ds)
-    needed: dict[str, int] = {}
-    for pp in plans:
-        needed[pp.target] = max(needed.get(pp.target, 0), pp.partition + 1, src_counts.get(pp.topic, 0))
-    missing = sorted(t for t in needed if t not in md.topics)
-    for t in needed:
-        if t in md.topics and len(md.topics[t].partitions) < max(pp.partition + 1 for pp in plans if pp.target == t):
-            raise KbsError(f"target topic {t} has {len(md.topics[t].partitions)} partitions; the backup needs "
-                           f"{max(pp.partition + 1 for pp in plans if pp.target == t)} (partition numbers are kept)")
-    if missing and not create_topics and not dry_run:
-        raise KbsError(f"target topic(s) {', '.join(missing)} do not exist; pass --create-topics to create them")
-    result = RestoreResult(0, 0, 0.0, plans, missing if create_topics else [], dry_run=dry_run)
-    if dry_run:
-        result.seconds = time.monotonic() - t0
-        return result
-    if missing:
-        futs = admin.create_topics([NewTopic(t, num_partitions=needed[t], replication_factor=replication_factor,
-                                             config=dict(topic_config or {})) for t in missing],
-                                   request_timeout=timeout)
-        for t, f in futs.items():
-            try:
-                f.result()
-            except Exception as e:  # KafkaException carries the broker's reason
-                raise KbsError(f"cannot create topic {t}: {e}") from e
-        _wait_for_topics(admin, missing, timeout)
-    result.retention_warnings = _retention_warnings(admin, plans, timeout)
-    for msg in result.retention_warnings:
-        warnings.warn(msg, RetentionWarning, stacklevel=2)
-
-    # -- consumer-group translation: which source offsets we need the target offset of ------------
-    groups = []
-    if restore_consumer_offsets:
-        groups = read_group_offsets(ds.backup.fs, ds.backup.path) or []
-    wanted: dict[tuple[str, int], list[int]] = {}
-    for g in groups:
-        for t, ps in g.offsets.items():
-            for p, off in ps.items():
-                if (t, p) in plan:
-                    wanted.setdefault((t, p), []).append(off)
-    wanted = {k: sorted(set(v)) for k, v in wanted.items()}
-    translated: dict[tuple[str, int, int], int] = {}  # (src topic, p, src committed) -> target offset
-    end_of: dict[tuple[str, int], int] = {}  # (src topic, p) -> last target offset + 1
-
-    # -- produce --------------------------------------------------------------------------------------
-    errors: list[str] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None and len(errors) < 10:
-            errors.append(f"{msg.topic()}/{msg.partition()}: {err.str() if hasattr(err, 'str') else err}")
-
-    producer = Producer({
-        "linger.ms": 20,
-        "batch.size": 1024 * 1024,
-        "queue.buffering.max.messages": 500_000,
-        "queue.buffering.max.kbytes": 512 * 1024,
-        "compression.type": "lz4",
-        "log_level": 3,  # retried warnings (e.g. coordinator still loading) would garble the progress bar
-        **client_config,
-        "enable.idempotence": True,  # no duplicates from internal retries, order kept
-        "on_delivery": on_delivery,
-    })
-
-    def marker(src: tuple[str, int], commits: list[int], is_last: bool) -> Callable[[Any, Any], None]:
-        def cb(err: Any, msg: Any) -> None:
-            if err is not None:
-                on_delivery(err, msg)
-                return
-            for c in commits:
-                translated[(src[0], src[1], c)] = msg.offset()
-            if is_last:
-                end_of[src] = max(end_of.get(src, 0), msg.offset() + 1)
-        return cb
-
-    produce = producer.produce
-    poll = producer.poll
-    with_headers = include_offset_headers
-    style = offset_header_style
-    total = total_bytes = 0
-    for batch in ds.to_batches():
-        n = batch.num_rows
-        if not n:
-            continue
-        src = (batch.column(2)[0].as_py(), batch.column(3)[0].as_py())
-        dst = mapping.get(src[0], src[0])
-        part = src[1]
-        keys = batch.column("key").to_pylist()
-        values = batch.column("value").to_pylist()
-        offs_np = batch.column("offset").to_numpy()
-        offs = offs_np.tolist()
-        ts = batch.column("timestamp").cast(pa.int64()).to_numpy().tolist()
-        hcol = batch.column("headers")
-        hdrs = _headers_lists(hcol)
-        markers: dict[int, list[int]] = {}
-        for c in wanted.get(src, []):
-            if c <= offs[-1] and (src[0], src[1], c) not in translated:
-                i = int(np.searchsorted(offs_np, c))
-                markers.setdefault(i, []).append(c)
-        markers.setdefault(n - 1, [])  # the last record of each batch tells where the data ends
-        nbytes = 0
-        for i in range(n):
-            h = hdrs[i] if hdrs is not None else None
-            if with_headers:
-                h = (h or []) + offset_headers(style, offs[i], ts[i], part)
-            k, v = keys[i], values[i]
-            while True:
-                try:
-                    if i in markers:
-                        produce(dst, v, k, part, timestamp=ts[i], headers=h,
-                                on_delivery=marker(src, markers[i], i == n - 1))
-                    else:
-                        produce(dst, v, k, part, timestamp=ts[i], headers=h)
-                    break
-                except BufferError:
-                    poll(0.05)
-            nbytes += (len(k) if k else 0) + (len(v) if v else 0)
-        # Resolve commits that point past this batch's records only once all batches are seen;
-        # mark the ones inside the batch as scheduled so later batches do not redo them.
-        for cs in markers.values():
-            for c in cs:
-                translated.setdefault((src[0], src[1], c), -1)
-        poll(0)
-        total += n
-        total_bytes += nbytes
-        if progress is not None:
-            progress(n, nbytes)
-        if errors:
-            break
-    remaining = producer.flush(timeout=max(timeout, 60.0))
-    if errors:
-        raise KbsError("producing failed: " + "; ".join(errors))
-    if remaining:
-        raise KbsError(f"{remaining} records were not acknowledged by the cluster in time")
-
-    # -- consumer-group offsets -------------------------------------------------------------------------
-    if groups:
-        for g in groups:
-            tps = []
-            table: dict[tuple[str, int], int] = {}
-            for t, ps in g.offsets.items():
-                for p, off in ps.items():
-                    if (t, p) not in plan:
-                        continue
-                    new = translated.get((t, p, off))
-                    if new is None or new < 0:
-                        new = end_of.get((t, p))  # committed past the restored data: its end
-                    if new is None:
-                        continue
-                    dst = mapping.get(t, t)
-                    tps.append(TopicPartition(dst, p, new))
-                    table[(dst, p)] = new
-            if not tps:
-                continue
-            futs = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(g.group_id, tps)],
-                                                      request_timeout=timeout)
-            try:
-                futs[g.group_id].result()
-            except Exception as e:
-                raise KbsError(f"cannot set offsets of consumer group {g.group_id}: {e}") from e
-            result.group_offsets[g.group_id] = table
-
-    result.records, result.bytes = total, total_bytes
-    result.seconds = time.monotonic() - t0
-    return result
-
-
-def _headers_lists(hcol: pa.Array) -> list | None:
-    """Per record a list of (key, value) tuples or None; None for the column when no record has any."""
-    if hcol.null_count == len(hcol):
-        return None
-    offsets = hcol.offsets.to_numpy()
-    if offsets[-1] == offsets[0]:
-        return None
-    # .values ignores a slice of the list array; offsets are absolute into it.
-    base = int(offsets[0])
-    flat = hcol.values.slice(base, int(offsets[-1]) - base)
-    pairs = list(zip(flat.field("key").to_pylist(), flat.field("value").to_pylist(), strict=True))
-    bounds = (offsets - base).tolist()
-    return [pairs[a:b] or None for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+    return RestoreRun(backup_url, client_config, **options).run()
 
 
 def _retention_warnings(admin: Any, plans: list[PartitionPlan], timeout: float) -> list[str]:

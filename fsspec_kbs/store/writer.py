@@ -103,6 +103,22 @@ def check_offsets(topic: str, partition: int, offsets: np.ndarray, last_offset: 
         raise OffsetOrderError(f"negative offset {int(offsets[0])} in {topic}/{partition}")
 
 
+def _input_bytes(cols: RecordColumns) -> int:
+    return int(len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
+               + len(cols.header_value_data) + 16 * len(cols))
+
+
+@dataclass
+class _Queued:
+    """A batch handed to the compression threads, not yet taken into its partition."""
+
+    key: tuple[str, int]
+    job: cf.Future
+    input_bytes: int
+    #: Roll the partition's segment after this batch (``segment_max_records`` reached).
+    roll: bool = False
+
+
 MODES = ("error", "overwrite", "append", "resume")
 
 
@@ -142,6 +158,8 @@ class _Partition:
     pending: list[CompressedBatch] = field(default_factory=list)
     pending_bytes: int = 0
     pending_records: int = 0
+    #: Records queued for the current segment since the last roll by record count.
+    queued_records: int = 0
     #: Segments this writer staged (or adopted), in offset order; numbered at commit.
     new: list[WrittenSegment] = field(default_factory=list)
     #: Uncompressed bytes of the staged segments (the base's are in its statistics).
@@ -178,6 +196,9 @@ class BackupWriter:
         Threads encoding and compressing the batches of one write (default: the cores, at
         most 4). Batches are encoded just in time, so a write holds about its input plus the
         compressed data, never the input a second time uncompressed.
+    compress_ahead_bytes : int, default :data:`COMPRESS_AHEAD_BYTES`
+        Input bytes queued for compression at most: :meth:`write_columns` returns once its
+        batches are queued and waits only beyond this.
     on_segment : callable, optional
         Called with each :class:`WrittenSegment` once it is durable (checkpointing hook).
     txn_id : str, optional
@@ -215,6 +236,7 @@ class BackupWriter:
         on_segment: Callable[[WrittenSegment], None] | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
         compress_threads: int | None = None,
+        compress_ahead_bytes: int = COMPRESS_AHEAD_BYTES,
         txn_id: str | None = None,
         stage_only: bool = False,
         fault: FaultHook | None = None,
@@ -236,6 +258,7 @@ class BackupWriter:
         self.batch_max_bytes = batch_max_bytes
         self.buffer_max_bytes = buffer_max_bytes
         self.compress_threads = min(4, os.cpu_count() or 1) if compress_threads is None else compress_threads
+        self.compress_ahead_bytes = compress_ahead_bytes
         self.source_cluster = source_cluster
         self.on_segment = on_segment
         self.mode = mode
@@ -243,6 +266,8 @@ class BackupWriter:
         self.created_at = utc_now_iso()
         self._parts: dict[tuple[str, int], _Partition] = {}
         self._pending_total = 0
+        self._queue: deque[_Queued] = deque()
+        self._queued_bytes = 0
         self._written: list[WrittenSegment] = []
         self._closed = False
         self._base_cache: tuple[int, dict[tuple[str, int], list[SegmentEntry]]] | None = None
@@ -346,52 +371,82 @@ class BackupWriter:
         return -1 if part is None else part.last_offset
 
     def write_columns(self, topic: str, partition: int, cols: RecordColumns) -> None:
-        """Append records to a partition; offsets must strictly increase past what it holds."""
+        """Append records to a partition; offsets must strictly increase past what it holds.
+
+        The batches are queued for compression and this returns; it waits only while more than
+        ``compress_ahead_bytes`` of input are queued, so the caller's next records are
+        prepared while the threads compress. Segments are written as the compressed batches
+        come off the queue, in order.
+        """
         self._check_open()
         check_topic(topic)
         check_partition(partition)
         n = len(cols)
         if n == 0:
             return
-        part = self._parts.setdefault((topic, partition), _Partition())
+        key = (topic, partition)
+        part = self._parts.setdefault(key, _Partition())
         offsets = cols.offsets
         check_offsets(topic, partition, offsets, part.last_offset)
+        per_record = _input_bytes(cols) / n
         start = 0
         while start < n:
             stop = n
             if self.segment_max_records is not None:
-                stop = min(n, start + self.segment_max_records - part.pending_records)
-            for cb in self._compress(plan_encode(cols.slice(start, stop), self.batch_max_bytes)):
-                part.pending.append(cb)
-                part.pending_bytes += cb.size
-                part.pending_records += cb.count
-                part.uncompressed += cb.uncompressed_size
-                self._pending_total += cb.size
-                if part.pending_bytes >= self.segment_max_bytes:
-                    self._flush_partition(topic, partition)
-            if self.segment_max_records is not None and part.pending_records >= self.segment_max_records:
-                self._flush_partition(topic, partition)
+                stop = min(n, start + self.segment_max_records - part.queued_records)
+            encoders = plan_encode(cols.slice(start, stop), self.batch_max_bytes)
+            share = int(per_record * (stop - start) / max(1, len(encoders)))
+            for encode in encoders:
+                self._submit(key, encode, share)
+            part.queued_records += stop - start
+            if self.segment_max_records is not None and part.queued_records >= self.segment_max_records:
+                self._queue[-1].roll = True  # the segment ends with this batch
+                part.queued_records = 0
             start = stop
         part.last_offset = int(offsets[-1])
+        self._drain(self.compress_ahead_bytes)
+
+    def _submit(self, key: tuple[str, int], encode: Callable[[], EncodedBatch], input_bytes: int) -> None:
+        """Queue one batch: compressed on the shared pool (the kernels and codecs free the GIL),
+        or right here with one thread or no codec."""
+        if self.compress_threads <= 1 or self.codec == Codec.NONE:
+            job: cf.Future = cf.Future()
+            job.set_result(compress_batch(encode(), self.codec, self.level))
+        else:
+            job = _compress_pool(self.compress_threads).submit(
+                lambda: compress_batch(encode(), self.codec, self.level))
+        self._queue.append(_Queued(key, job, input_bytes))
+        self._queued_bytes += input_bytes
+
+    def _drain(self, ahead: int) -> None:
+        """Move compressed batches off the queue into their partitions, in order: those done,
+        and, waiting, as many as it takes to leave at most ``ahead`` input bytes queued."""
+        q = self._queue
+        while q and (self._queued_bytes > ahead or q[0].job.done()):
+            item = q.popleft()
+            self._queued_bytes -= item.input_bytes
+            cb = item.job.result()  # re-raises a failed encode or compress
+            part = self._parts[item.key]
+            part.pending.append(cb)
+            part.pending_bytes += cb.size
+            part.pending_records += cb.count
+            part.uncompressed += cb.uncompressed_size
+            self._pending_total += cb.size
+            if item.roll or part.pending_bytes >= self.segment_max_bytes:
+                self._flush_partition(*item.key)
         while self._pending_total > self.buffer_max_bytes:
             key = max(self._parts, key=lambda k: self._parts[k].pending_bytes)
             self._flush_partition(*key)
 
-    def _compress(self, batches: list[Callable[[], EncodedBatch]]) -> Iterator[CompressedBatch]:
-        """Encode and compress batches in order, each only when its turn is near: on a thread
-        pool when there are several (the kernels and codecs free the GIL), at most
-        :data:`COMPRESS_AHEAD_BYTES` of input ahead of the caller."""
-
-        def encode_and_compress(encode: Callable[[], EncodedBatch]) -> CompressedBatch:
-            return compress_batch(encode(), self.codec, self.level)
-
-        if self.compress_threads <= 1 or len(batches) < 2 or self.codec == Codec.NONE:
-            return map(encode_and_compress, batches)
-        window = max(2 * self.compress_threads, COMPRESS_AHEAD_BYTES // self.batch_max_bytes)
-        return _ordered_map(_compress_pool(self.compress_threads), encode_and_compress, batches, window)
+    def _cancel_queue(self) -> None:
+        for item in self._queue:
+            item.job.cancel()
+        self._queue.clear()
+        self._queued_bytes = 0
 
     def flush(self) -> None:
         """Write every pending segment now (e.g. before a checkpoint)."""
+        self._drain(0)
         for key in list(self._parts):
             self._flush_partition(*key)
 
@@ -519,6 +574,7 @@ class BackupWriter:
         if self._closed:
             return
         self._closed = True
+        self._cancel_queue()
         if self._txn is not None:
             self._txn.abort()
         else:

@@ -35,7 +35,6 @@ from fsspec_kbs.kafka import (
     run_backup,
     run_restore,
 )
-from fsspec_kbs.kafka.backup import THROTTLE_ENV
 from fsspec_kbs.store import Checkpoint
 from fsspec_kbs.validate import validate_backup
 from tests.kafka.helpers import (
@@ -150,9 +149,10 @@ def test_resume_after_kill_9_no_loss_no_duplicates(kafka_broker, conf, tmp_path)
     src = kafka_broker.new_topic("resume")
     create_topic(conf, src, 2)
     originals = produce(conf, src, make_records(4000, 2, seed=2))
-    env = {**os.environ, THROTTLE_ENV: "0.05"}
-    cmd = [sys.executable, "-m", "fsspec_kbs.cli.main", "backup", "-b", kafka_broker.bootstrap, "-t", src,
-           "--to", str(tmp_path), "--backup-id", "b", "--segment-max-records", "150", "-q"]
+    # A backup slowed down by its on_chunk hook (tests/kafka/slow_backup.py), killed part-way.
+    cmd = [sys.executable, "-m", "tests.kafka.slow_backup", kafka_broker.bootstrap, src, str(tmp_path / "b"),
+           "0.05", "150"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ck_path = tmp_path / "b" / "checkpoints" / "checkpoint.json"
     deadline = time.monotonic() + 60
