@@ -222,8 +222,7 @@ class KbsScanner:
 
     def _bounds(self, ref: SegmentRef) -> Bounds:
         """What of ``ref`` the scan wants: batches outside it need not be read (batch index)."""
-        sf = self.scan_filter
-        return (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
+        return self.scan_filter.segment_bounds(ref)
 
     def _read_segment(self, ref: SegmentRef) -> list[pa.RecordBatch]:
         return list(self._iter_segment(ref))

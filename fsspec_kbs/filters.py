@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fsspec_kbs.store.backup import SegmentRef
+from fsspec_kbs.store.backup import Bounds, SegmentRef
 from fsspec_kbs.times import parse_time
 
 TimeLike = int | float | str | datetime | date | Any
@@ -122,6 +122,11 @@ class ScanFilter:
     def bounds(self, topic: str, partition: int) -> tuple[int | None, int | None]:
         s, e = self.offset_ranges.get((topic, partition), (None, None))
         return _max(self.start_offset, s), _min(self.end_offset, e)
+
+    def segment_bounds(self, ref: SegmentRef) -> Bounds:
+        """Start and end offset, start and end time a read of ``ref`` needs (end exclusive):
+        what :meth:`KbsBackup.open_chunks` takes to read only those batches (batch index)."""
+        return (*self.bounds(ref.topic, ref.partition), self.start_time, self.end_time)
 
     def wants_partition(self, topic: str, partition: int) -> bool:
         if self.topics is not None and topic not in self.topics:

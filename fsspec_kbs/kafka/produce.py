@@ -169,7 +169,8 @@ class _ReadAhead:
         try:
             for ref in self.ds.fragments():
                 src = (ref.topic, ref.partition)
-                for cols in self.ds.backup.iter_columns(ref, threads=1, max_chunk_bytes=CHUNK_BYTES):
+                for cols in self.ds.backup.iter_columns(ref, threads=1, max_chunk_bytes=CHUNK_BYTES,
+                                                        bounds=sf.segment_bounds(ref)):
                     if self.stop.is_set():
                         return
                     mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)

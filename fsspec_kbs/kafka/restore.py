@@ -190,7 +190,7 @@ class RestoreRun:
                     add(ref.topic, ref.partition, ref.records, ref.first_offset, ref.last_offset,
                         ref.min_timestamp, ref.max_timestamp)
                 continue
-            for cols in ds.backup.iter_columns(ref):
+            for cols in ds.backup.iter_columns(ref, bounds=sf.segment_bounds(ref)):
                 mask = sf.row_mask(ref.topic, ref.partition, cols.offsets, cols.timestamps)
                 offs, ts = (cols.offsets, cols.timestamps) if mask is None else (cols.offsets[mask], cols.timestamps[mask])
                 if len(offs):

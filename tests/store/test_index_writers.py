@@ -378,6 +378,36 @@ def test_kbs_cat_reads_only_needed(counted: tuple[str, dict], what: str) -> None
     _assert_narrow(q, what, [json.loads(line)["offset"] for line in res.output.splitlines()])
 
 
+@pytest.mark.parametrize("what", ["offset", "time"])
+def test_restore_plan_reads_only_needed(counted: tuple[str, dict], what: str) -> None:
+    """``kbs restore`` plans exact counts from the batches its bounds select (no broker needed:
+    the run stops once planned)."""
+    from fsspec_kbs.kafka.restore import RestoreRun
+
+    url, q = counted
+    lo, hi = q[what]
+    kw: dict[str, Any] = ({"offset_ranges": {("t", 0): (lo, hi)}} if what == "offset"
+                          else {"from_time": lo, "to_time": hi})
+    planned: list = []
+
+    class Planned(Exception):
+        pass
+
+    def stop(plans: list) -> None:
+        planned.extend(plans)
+        raise Planned
+
+    _reset()
+    with pytest.raises(Planned):
+        RestoreRun(url, {"bootstrap.servers": "127.0.0.1:1"}, on_plan=stop, **kw).run()
+    total = _total()
+    assert total <= 1.2 * q[f"need_{what}"], (what, total, q[f"need_{what}"], CountingFS.read)
+    (plan,) = planned
+    want = [r[1] for r in rows(url, **({"start_offset": lo, "end_offset": hi} if what == "offset"
+                                       else {"start_time": lo, "end_time": hi}))]
+    assert (plan.records, plan.first_offset, plan.last_offset) == (len(want), want[0], want[-1])
+
+
 def test_kbs_chained_url_reads_only_needed(counted: tuple[str, dict]) -> None:
     url, q = counted
     _reset()
