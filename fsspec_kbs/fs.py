@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -46,6 +47,18 @@ except ImportError:  # pragma: no cover - older fsspec
     _Base = AbstractFileSystem
 
 _GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class Node:
+    """What a path inside a backup names: the backup itself, its manifest, a topic or partition
+    directory, a segment file (``ref``) or a decoded view of a partition (``view``)."""
+
+    kind: Literal["root", "manifest", "topic", "partition", "segment", "view"]
+    topic: str = ""
+    partition: int = -1
+    ref: SegmentRef | None = None
+    view: str = ""
 _READ_ONLY = "kbs:// is read-only: a backup is written with fsspec_kbs.write_table / BackupWriter, not through the filesystem"
 
 
@@ -261,30 +274,29 @@ class KbsFileSystem(_Base):
     def _missing(self, path: str) -> FileNotFoundError:
         return FileNotFoundError(f"{path!r}: no such file or directory in backup {self.url}")
 
-    def _node(self, path: str) -> tuple:
-        """Resolve a relative path: ("root",), ("manifest",), ("topic", t), ("partition", t, p),
-        ("segment", t, p, ref) or ("view", t, p, name); FileNotFoundError otherwise."""
+    def _node(self, path: str) -> Node:
+        """Resolve a relative path to what it names; FileNotFoundError otherwise."""
         if path == "":
-            return ("root",)
+            return Node("root")
         parts = path.split("/")
         if parts == [MANIFEST] and self.backup.complete:
-            return ("manifest",)
+            return Node("manifest")
         topic = parts[0]
         if topic not in self.tree:
             raise self._missing(path)
         if len(parts) == 1:
-            return ("topic", topic)
+            return Node("topic", topic)
         if not _is_partition_name(parts[1]) or int(parts[1]) not in self.tree[topic]:
             raise self._missing(path)
         partition = int(parts[1])
         if len(parts) == 2:
-            return ("partition", topic, partition)
+            return Node("partition", topic, partition)
         if len(parts) == 3:
             if parts[2] in VIEWS:
-                return ("view", topic, partition, parts[2])
+                return Node("view", topic, partition, view=parts[2])
             ref = self._segments_by_name(topic, partition).get(parts[2])
             if ref is not None:
-                return ("segment", topic, partition, ref)
+                return Node("segment", topic, partition, ref=ref)
         raise self._missing(path)
 
     def _segments_by_name(self, topic: str, partition: int) -> dict[str, SegmentRef]:
@@ -308,8 +320,8 @@ class KbsFileSystem(_Base):
             self._sizes[(topic, partition)] = sizes
         return sizes.get(ref.name)
 
-    def _info_of(self, path: str, node: tuple) -> dict[str, Any]:
-        kind = node[0]
+    def _info_of(self, path: str, node: Node) -> dict[str, Any]:
+        kind = node.kind
         if kind == "root":
             d = self.backup.describe()
             refs = [r for parts in self.tree.values() for rs in parts.values() for r in rs]
@@ -322,36 +334,37 @@ class KbsFileSystem(_Base):
             return {"name": path, "type": "file", "size": len(raw), "kind": "manifest",
                     "target": f"{self.backup.path}/{MANIFEST}"}
         if kind == "topic":
-            parts = self.tree[node[1]]
+            parts = self.tree[node.topic]
             refs = [r for rs in parts.values() for r in rs]
-            return {"name": path, "type": "directory", "size": 0, "kind": "topic", "topic": node[1],
+            return {"name": path, "type": "directory", "size": 0, "kind": "topic", "topic": node.topic,
                     "partitions": len(parts), **summary(refs)}
         if kind == "partition":
-            refs = self.tree[node[1]][node[2]]
-            sizes = [self._segment_size(node[1], node[2], r) for r in refs]
-            return {"name": path, "type": "directory", "size": 0, "kind": "partition", "topic": node[1],
-                    "partition": node[2], **summary(refs),
+            refs = self.tree[node.topic][node.partition]
+            sizes = [self._segment_size(node.topic, node.partition, r) for r in refs]
+            return {"name": path, "type": "directory", "size": 0, "kind": "partition", "topic": node.topic,
+                    "partition": node.partition, **summary(refs),
                     "stored_bytes": None if None in sizes else sum(sizes)}  # type: ignore[arg-type]
         if kind == "segment":
-            ref = node[3]
-            return segment_info(path, ref, self._segment_size(node[1], node[2], ref), ref.path)
+            ref = node.ref
+            return segment_info(path, ref, self._segment_size(node.topic, node.partition, ref), ref.path)
         # a view: its size is known once this instance has produced it
-        return view_info(path, node[3], node[1], node[2], self.tree[node[1]][node[2]], self._view_sizes.get(path))
+        return view_info(path, node.view, node.topic, node.partition, self.tree[node.topic][node.partition],
+                         self._view_sizes.get(path))
 
     # -- listing -----------------------------------------------------------------------------------
     def ls(self, path: str = "", detail: bool = True, **kwargs: Any) -> list:
         path = self._rel(path)
         node = self._node(path)
-        kind = node[0]
+        kind = node.kind
         prefix = f"{path}/" if path else ""
         if kind == "root":
             children = [f"{prefix}{t}" for t in sorted(self.tree)]
             if self.backup.complete:
                 children.insert(0, MANIFEST)
         elif kind == "topic":
-            children = [f"{prefix}{p}" for p in sorted(self.tree[node[1]])]
+            children = [f"{prefix}{p}" for p in sorted(self.tree[node.topic])]
         elif kind == "partition":
-            children = [f"{prefix}{r.name}" for r in self.tree[node[1]][node[2]]]
+            children = [f"{prefix}{r.name}" for r in self.tree[node.topic][node.partition]]
             children += [f"{prefix}{v}" for v in VIEWS]
         else:  # a file lists as itself, as in fsspec's local and memory filesystems
             return [self._info_of(path, node)] if detail else [path]
@@ -372,13 +385,13 @@ class KbsFileSystem(_Base):
 
     def isdir(self, path: str) -> bool:
         try:
-            return self._node(self._rel(path))[0] in ("root", "topic", "partition")
+            return self._node(self._rel(path)).kind in ("root", "topic", "partition")
         except FileNotFoundError:
             return False
 
     def isfile(self, path: str) -> bool:
         try:
-            return self._node(self._rel(path))[0] in ("manifest", "segment", "view")
+            return self._node(self._rel(path)).kind in ("manifest", "segment", "view")
         except FileNotFoundError:
             return False
 
@@ -421,7 +434,7 @@ class KbsFileSystem(_Base):
                 return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
             except ValueError:
                 pass
-        target = node[3].path if node[0] == "segment" else f"{self.backup.path}/{MANIFEST}"
+        target = node.ref.path if node.kind == "segment" else f"{self.backup.path}/{MANIFEST}"
         try:
             return self.backup.fs.modified(target)
         except (NotImplementedError, FileNotFoundError, OSError):
@@ -444,11 +457,11 @@ class KbsFileSystem(_Base):
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         path = self._rel(path)
         node = self._node(path)
-        if node[0] == "segment":
-            return self._target_call(node[3], "cat_file", node[3].path, start=start, end=end)
-        if node[0] == "manifest":
+        if node.kind == "segment":
+            return self._target_call(node.ref, "cat_file", node.ref.path, start=start, end=end)
+        if node.kind == "manifest":
             return (self._manifest_bytes() or b"")[start:end]
-        if node[0] in ("root", "topic", "partition"):
+        if node.kind in ("root", "topic", "partition"):
             raise IsADirectoryError(f"{path!r} is a directory in backup {self.url}")
         return super().cat_file(path, start=start, end=end, **kwargs)
 
@@ -466,16 +479,16 @@ class KbsFileSystem(_Base):
         if path == "" and self.fo_inner:  # older fsspec passes "" for `kbs::<url of a file>`
             path = self.fo_inner
         node = self._node(path)
-        kind = node[0]
+        kind = node.kind
         if kind in ("root", "topic", "partition"):
             raise IsADirectoryError(f"{path!r} is a directory in backup {self.url}")
         if kind == "segment":
-            return self._target_call(node[3], "open", node[3].path, mode="rb", block_size=block_size,
+            return self._target_call(node.ref, "open", node.ref.path, mode="rb", block_size=block_size,
                                      cache_options=cache_options)
         details = self._info_of(path, node)
         if kind == "manifest":
             return KbsViewFile(self, path, iter([self._manifest_bytes() or b""]), details, self.spool_bytes)
-        topic, partition, view = node[1], node[2], node[3]
+        topic, partition, view = node.topic, node.partition, node.view
         refs = self.tree[topic][partition]
 
         def done(size: int) -> None:
