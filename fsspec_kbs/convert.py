@@ -26,7 +26,7 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from fsspec_kbs.arrow.convert import check_header_keys
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import CommitError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.oso import (
     OSO_CODEC_NAMES,
@@ -230,7 +230,7 @@ class OsoBackupWriter:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise KbsError("this OsoBackupWriter was already committed or aborted")
+            raise CommitError("this OsoBackupWriter was already committed or aborted")
 
 
 def _ms_from_iso(value: Any) -> int | None:

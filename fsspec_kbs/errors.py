@@ -142,3 +142,17 @@ class CommitError(KbsError, RuntimeError):
 
 class UnsupportedStoreError(KbsError, NotImplementedError):
     """The filesystem offers no create-only (conditional) write, so commits could race."""
+
+
+class UnsupportedLayoutError(KbsError, ValueError):
+    """The operation needs a KBS backup; this one has another layout (e.g. the OSO tool's).
+    ``kbs convert SRC DST --layout kbs`` makes a KBS copy."""
+
+
+class IncompatibleWriteError(KbsError, ValueError):
+    """A write that does not fit the backup it goes to (another codec for an append, ...)."""
+
+
+class PartialWriteError(KbsError, RuntimeError):
+    """A distributed write whose tasks did not all succeed (or that was aborted): nothing of it
+    is published."""

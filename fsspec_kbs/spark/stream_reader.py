@@ -35,7 +35,7 @@ from fsspec_kbs.errors import (
     BackupNotFoundError,
     CommitInProgressError,
     IncompleteBackupError,
-    KbsError,
+    UnsupportedVersionError,
 )
 from fsspec_kbs.spark.options import EARLIEST, LATEST, KbsOptions, _int, parse_options
 from fsspec_kbs.spark.reader import (
@@ -224,7 +224,7 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             firsts = [r.first_offset for r in rs if r.first_offset is not None]
             lasts = [r.last_offset for r in rs if r.last_offset is not None]
             if len(firsts) != len(rs) or len(lasts) != len(rs):
-                raise KbsError(f"{o.path}: partition {k[0]}/{k[1]} has segments without offsets in its "
+                raise UnsupportedVersionError(f"{o.path}: partition {k[0]}/{k[1]} has segments without offsets in its "
                                "manifest (a 1.0 manifest); a stream needs them: rewrite it with `kbs convert`")
             extents[k] = (min(firsts), max(lasts) + 1)
         self._snapshot = _Snapshot(backup, crc, refs, extents)

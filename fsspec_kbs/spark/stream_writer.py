@@ -30,7 +30,11 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from fsspec_kbs.errors import CommitInProgressError, KbsError
+from fsspec_kbs.errors import (
+    CommitInProgressError,
+    KbsError,
+    PartialWriteError,
+)
 from fsspec_kbs.spark.options import KbsOptions, parse_options
 from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter, _plan, _stats
 from fsspec_kbs.store.backup import resolve
@@ -138,7 +142,7 @@ class KbsStreamWriter(DataSourceStreamArrowWriter):
         """A writer bound to the job the tasks of this batch staged under."""
         jobs = {m.job_id for m in messages}
         if len(jobs) != 1:
-            raise KbsError(f"commit got messages of {len(jobs)} jobs ({sorted(jobs)}); expected one per micro-batch")
+            raise PartialWriteError(f"commit got messages of {len(jobs)} jobs ({sorted(jobs)}); expected one per micro-batch")
         writer = copy.copy(self._writer)
         writer.job_id = jobs.pop()
         writer.fault = self.fault
@@ -148,18 +152,18 @@ class KbsStreamWriter(DataSourceStreamArrowWriter):
         o = self.options
         msgs = [m for m in messages if isinstance(m, KbsStreamCommitMessage)]
         if len(msgs) != len(messages):
-            raise KbsError(f"commit of batch {batchId} got a failed task's message; refusing to publish "
+            raise PartialWriteError(f"commit of batch {batchId} got a failed task's message; refusing to publish "
                            "a partial micro-batch")
         if not msgs:
             return
         writer = self._job(msgs)
         queries = {m.query_id for m in msgs}
         if len(queries) != 1 or None in queries:
-            raise KbsError(f"commit of batch {batchId} to {o.path}: tasks report query ids {sorted(map(str, queries))}; "
+            raise PartialWriteError(f"commit of batch {batchId} to {o.path}: tasks report query ids {sorted(map(str, queries))}; "
                            "the kbs sink needs Spark's streaming query id to commit exactly once")
         query = str(queries.pop())
         if any(m.batch_id is not None and m.batch_id != batchId for m in msgs):
-            raise KbsError(f"commit of batch {batchId}: tasks wrote batch(es) {sorted({m.batch_id for m in msgs})}")
+            raise PartialWriteError(f"commit of batch {batchId}: tasks wrote batch(es) {sorted({m.batch_id for m in msgs})}")
         if not any(m.segments for m in msgs):
             writer._remove_staging()
             return  # an empty micro-batch: nothing to publish, nothing to remember

@@ -32,7 +32,13 @@ from fsspec.core import url_to_fs
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from fsspec_kbs.arrow.convert import batch_to_columns, split_table, timestamps_of
-from fsspec_kbs.errors import KbsError, OffsetOrderError
+from fsspec_kbs.errors import (
+    IncompatibleWriteError,
+    IncompleteBackupError,
+    OffsetOrderError,
+    PartialWriteError,
+    UnsupportedLayoutError,
+)
 from fsspec_kbs.format import SegmentStats
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.store import BackupWriter, open_backup
@@ -107,17 +113,17 @@ class KbsWriter(DataSourceArrowWriter):
         fs, path = url_to_fs(o.path, **o.storage_options)
         if not fs.exists(f"{path.rstrip('/')}/{MANIFEST}"):
             if fs.exists(f"{path.rstrip('/')}/{TOPICS_DIR}"):
-                raise KbsError(f"{o.path} holds segments but no manifest (an incomplete backup); "
+                raise IncompleteBackupError(f"{o.path} holds segments but no manifest (an incomplete backup); "
                                "append needs a complete backup; use mode('overwrite') to replace it")
             return
         backup = open_backup(o.path, o.storage_options)
         if backup.layout != "kbs":
-            raise KbsError(f"cannot append to {o.path}: it is a {backup.layout!r} backup, not a KBS one")
+            raise UnsupportedLayoutError(f"cannot append to {o.path}: it is a {backup.layout!r} backup, not a KBS one")
         codec = backup.manifest.compression.get("algorithm") if backup.manifest else None
         if self.compression is None:
             self.compression = codec
         elif codec and backup.segments() and codec != self.compression:
-            raise KbsError(f"cannot append {self.compression} segments to {o.path}, a {codec} backup "
+            raise IncompatibleWriteError(f"cannot append {self.compression} segments to {o.path}, a {codec} backup "
                            "(one codec per backup): drop option('compression') or match it")
         for ref in backup.segments():
             if ref.last_offset is not None:
@@ -164,7 +170,7 @@ class KbsWriter(DataSourceArrowWriter):
             # The job was aborted while this task ran (another task failed): the driver's abort
             # may have run before these files existed, so this task removes its own.
             self._discard(staged)
-            raise KbsError(f"write to {o.path} was aborted while task {task_index} ran")
+            raise PartialWriteError(f"write to {o.path} was aborted while task {task_index} ran")
         segments = [
             {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats),
              "index_crc32": w.index_crc32}
@@ -203,7 +209,7 @@ class KbsWriter(DataSourceArrowWriter):
         o = self.options
         msgs = [m for m in messages if isinstance(m, KbsCommitMessage)]
         if len(msgs) != len(messages):
-            raise KbsError("commit got a failed task's message; refusing to publish a partial backup")
+            raise PartialWriteError("commit got a failed task's message; refusing to publish a partial backup")
         msgs.sort(key=lambda m: m.task_index)
         # Check the whole plan before touching the backup: an overwrite deletes the old one.
         plan = _plan(msgs)

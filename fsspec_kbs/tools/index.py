@@ -21,7 +21,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fsspec_kbs.errors import BatchIndexError, KbsError, ManifestMismatchError
+from fsspec_kbs.errors import (
+    BatchIndexError,
+    CommitConflictError,
+    ManifestMismatchError,
+    UnsupportedLayoutError,
+)
 from fsspec_kbs.format.batch_index import (
     encode_index,
     index_from_segment,
@@ -89,8 +94,8 @@ def add_indexes(url: str, storage_options: dict | None = None, *, progress: Prog
     fsys, path = resolve(url, storage_options, fs)  # type: ignore[arg-type]
     backup = open_backup(url, storage_options, fs=fsys)
     if backup.layout != "kbs":
-        raise KbsError(f"{url} is an OSO kafka-backup ({backup.layout} layout): that format has no batch index; "
-                       "convert it to KBS first (kbs convert SRC DST --to kbs), which writes indexes")
+        raise UnsupportedLayoutError(f"{url} is an OSO kafka-backup ({backup.layout} layout): that format has no batch index; "
+                       "convert it to KBS first (kbs convert SRC DST --layout kbs), which writes indexes")
     assert isinstance(backup, KbsBackup) and backup.manifest is not None
     txn = Transaction(fsys, path, url, "append")
     try:
@@ -191,7 +196,7 @@ def _build(state: BackupState, path: str, done: list[_Indexed], txn: Transaction
                 # 1.0: no segment_index to hold index_crc32; every segment of it was read here.
                 found = [by_key.get((topic.name, part.partition, seq)) for seq in range(part.segments)]
                 if any(d is None for d in found):
-                    raise KbsError(f"{topic.name}/{part.partition}: the manifest changed while indexing; run again")
+                    raise CommitConflictError(f"{topic.name}/{part.partition}: the manifest changed while indexing; run again")
                 part.segment_index = [replace(d.entry) for d in found]  # type: ignore[union-attr]
                 mine = list(enumerate(found))  # type: ignore[arg-type]
                 filled = True

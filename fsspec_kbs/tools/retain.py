@@ -24,7 +24,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import IncompleteBackupError, UnsupportedLayoutError
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format import SegmentReader
 from fsspec_kbs.format.batch_index import encode_index, index_from_segment
@@ -160,10 +160,10 @@ def retain_backup(
         raise ValueError("give max_age and/or max_bytes")
     backup = open_backup(url, storage_options)
     if backup.layout != "kbs":
-        raise KbsError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
-                       "it first (kbs convert SRC DST --to kbs)")
+        raise UnsupportedLayoutError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
+                       "it first (kbs convert SRC DST --layout kbs)")
     if backup.manifest is None:  # pragma: no cover - open_backup refuses incomplete backups
-        raise KbsError(f"{url} has no manifest")
+        raise IncompleteBackupError(f"{url} has no manifest")
     fs, path = url_to_fs(to_url, **(to_storage_options or {}))
     path = path.rstrip("/")
     backup_id = check_backup_id(path.rsplit("/", 1)[-1])
