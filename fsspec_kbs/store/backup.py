@@ -33,6 +33,7 @@ from fsspec_kbs.format.batch_index import BatchIndex
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES
 from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
 from fsspec_kbs.store.commit import COMMITS_DIR, manifest_commit, record_path
+from fsspec_kbs.store.listing import topic_tree_entries
 from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.names import (
     MANIFEST,
@@ -326,16 +327,9 @@ class KbsBackup:
 
     def _stored_segments(self) -> dict[tuple[str, int, int], int | None]:
         """``(topic, partition, seq) -> size`` of every ``segment-N.kbs`` file under ``topics/``."""
-        root = f"{self.path}/{TOPICS_DIR}"
-        try:
-            files = self.fs.find(root, detail=True)
-        except FileNotFoundError:
-            files = {}
-        base = _strip(self.fs._strip_protocol(root))
         out: dict[tuple[str, int, int], int | None] = {}
-        for path, info in files.items():
-            rel = _strip(path)[len(base) + 1:].split("/")
-            if len(rel) != 3 or not rel[2].endswith(".kbs"):
+        for rel, _, info in topic_tree_entries(self.fs, f"{self.path}/{TOPICS_DIR}"):
+            if not rel[2].endswith(".kbs"):
                 continue
             try:
                 key = (check_topic(rel[0]), check_partition(rel[1]), parse_segment_name(rel[2]))

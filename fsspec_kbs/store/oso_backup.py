@@ -43,6 +43,7 @@ from fsspec_kbs.store.backup import (
     check_size,
     segment_missing,
 )
+from fsspec_kbs.store.listing import topic_tree_entries
 from fsspec_kbs.store.names import TOPICS_DIR
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.oso_manifest import OsoManifest
@@ -78,6 +79,7 @@ class OsoBackup(KbsBackup):
         self.manifest = manifest  # type: ignore[assignment]
         self._limits: dict[str, int] = {}
         self._timestamps: dict[str, tuple[int | None, int | None]] = {}
+        self._stored: list[str] | None = None
 
     @classmethod
     def parse_manifest(cls, raw: bytes, path: str) -> OsoManifest:
@@ -131,7 +133,10 @@ class OsoBackup(KbsBackup):
         return not set(self._stored_files()) - listed
 
     def _stored_files(self) -> list[str]:
-        return [f[2] for f in self._listing()]
+        # One listing per opened backup (segments() and complete both ask).
+        if self._stored is None:
+            self._stored = [f[2] for f in self._listing()]
+        return self._stored
 
     def _check_all_listed(self, refs: list[SegmentRef]) -> None:
         listed = {r.path for r in refs}
@@ -149,24 +154,17 @@ class OsoBackup(KbsBackup):
 
     def _listing(self) -> list[tuple[str, int, str, int | None]]:
         """``(topic, partition, path, size)`` of the segment files under ``topics/``."""
-        root = f"{self.path}/{TOPICS_DIR}"
-        try:
-            # With directories: one named like a segment must not hide (it is not readable).
-            files = self.fs.find(root, withdirs=True, detail=True)
-        except FileNotFoundError:
-            files = {}
-        base = self.fs._strip_protocol(root).rstrip("/")
         found = []
-        for path, info in sorted(files.items()):
-            rel = path.rstrip("/")[len(base) + 1 :].split("/")
-            if len(rel) != 3 or not rel[1].startswith(_PARTITION_PREFIX) or not rel[2].startswith("segment-"):
+        # With directories: one named like a segment must not hide (it is not readable).
+        for rel, path, info in topic_tree_entries(self.fs, f"{self.path}/{TOPICS_DIR}", withdirs=True):
+            if not rel[1].startswith(_PARTITION_PREFIX) or not rel[2].startswith("segment-"):
                 continue
             part = rel[1][len(_PARTITION_PREFIX):]
             if not part.isdigit() or ".tmp" in rel[2]:
                 continue
             if info.get("type") == "directory":
                 raise BackupNotFoundError(f"segment {path} is a directory, not a file")
-            found.append((rel[0], int(part), f"{root}/{rel[0]}/{rel[1]}/{rel[2]}", info.get("size")))
+            found.append((rel[0], int(part), path, info.get("size")))
         return found
 
     def _discover(self) -> list[SegmentRef]:
