@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import demo_table  # noqa: E402
 
 import fsspec_kbs  # noqa: E402
-from fsspec_kbs.validate import validate_backup  # noqa: E402
+from fsspec_kbs.maintenance.validate import validate_backup  # noqa: E402
 
 
 def kbs(*args: str) -> None:

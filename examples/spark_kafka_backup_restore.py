@@ -26,8 +26,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.spark import register
-from fsspec_kbs.validate import validate_backup
 
 REPO = Path(__file__).resolve().parents[1]
 

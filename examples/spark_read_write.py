@@ -16,8 +16,8 @@ import tempfile
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.spark import register
-from fsspec_kbs.validate import validate_backup
 
 
 def main() -> None:

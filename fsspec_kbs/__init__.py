@@ -19,7 +19,6 @@ if TYPE_CHECKING:
         write_table,
     )
     from fsspec_kbs.arrow.schema import KAFKA_SCHEMA, KAFKA_VIEW_SCHEMA
-    from fsspec_kbs.convert import convert_backup
     from fsspec_kbs.dataset import KbsDataset, KbsScanner
     from fsspec_kbs.errors import (
         BackupNotFoundError,
@@ -34,6 +33,10 @@ if TYPE_CHECKING:
     )
     from fsspec_kbs.filters import ScanFilter
     from fsspec_kbs.kafka_log import import_log, open_kafka_log_reader, read_kafka_log
+    from fsspec_kbs.maintenance.compact import compact_backup
+    from fsspec_kbs.maintenance.convert import convert_backup
+    from fsspec_kbs.maintenance.index import add_indexes
+    from fsspec_kbs.maintenance.retain import retain_backup
     from fsspec_kbs.store import (
         BackupWriter,
         KbsBackup,
@@ -43,9 +46,6 @@ if TYPE_CHECKING:
         open_backup,
     )
     from fsspec_kbs.store.oso_backup import OsoBackup
-    from fsspec_kbs.tools.compact import compact_backup
-    from fsspec_kbs.tools.index import add_indexes
-    from fsspec_kbs.tools.retain import retain_backup
 
 __version__ = "0.1.0"
 
@@ -71,9 +71,9 @@ _EXPORTS = {
     "SegmentFormatError": "fsspec_kbs.errors",
     "SegmentRef": "fsspec_kbs.store",
     "UnsupportedVersionError": "fsspec_kbs.errors",
-    "add_indexes": "fsspec_kbs.tools.index",
-    "compact_backup": "fsspec_kbs.tools.compact",
-    "convert_backup": "fsspec_kbs.convert",
+    "add_indexes": "fsspec_kbs.maintenance.index",
+    "compact_backup": "fsspec_kbs.maintenance.compact",
+    "convert_backup": "fsspec_kbs.maintenance.convert",
     "import_log": "fsspec_kbs.kafka_log",
     "list_backups": "fsspec_kbs.store",
     "open_backup": "fsspec_kbs.store",
@@ -82,7 +82,7 @@ _EXPORTS = {
     "read_kafka_log": "fsspec_kbs.kafka_log",
     "read_pandas": "fsspec_kbs.api",
     "read_table": "fsspec_kbs.api",
-    "retain_backup": "fsspec_kbs.tools.retain",
+    "retain_backup": "fsspec_kbs.maintenance.retain",
     "write_batches": "fsspec_kbs.api",
     "write_table": "fsspec_kbs.api",
 }

@@ -46,7 +46,7 @@ def convert_cmd(src_url: str, dst_url: str, to: str | None, storage_option: tupl
     Lossless: keys, values, headers (null header values too), timestamps and offsets. The
     manifest is written last, so an interrupted conversion leaves no usable-looking backup.
     """
-    from fsspec_kbs.convert import ConvertProgress, convert_backup
+    from fsspec_kbs.maintenance.convert import ConvertProgress, convert_backup
 
     if to is None:
         raise click.UsageError("give the layout to write: --layout kbs or --layout oso")

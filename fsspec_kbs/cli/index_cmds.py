@@ -20,8 +20,8 @@ def index_cmd(url: str, storage_option: tuple, storage_options_json: str | None)
     again or while other writers append: segments that already have a good index are only
     verified. OSO-layout backups are refused (their format has no index).
     """
+    from fsspec_kbs.maintenance.index import add_indexes
     from fsspec_kbs.store.backup import SegmentRef
-    from fsspec_kbs.tools.index import add_indexes
 
     opts = storage_options_from(storage_option, storage_options_json)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

@@ -273,8 +273,8 @@ def validate_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
     Quick (default): manifest, names, segment sizes, headers and footers. --deep: also every
     checksum and every record.
     """
+    from fsspec_kbs.maintenance.validate import validate_backup
     from fsspec_kbs.store import open_backup
-    from fsspec_kbs.validate import validate_backup
 
     opts = storage_options_from(storage_option, storage_options_json)
     total = None

@@ -20,7 +20,7 @@ from fsspec_kbs.cli.common import (
     time_option,
 )
 from fsspec_kbs.errors import KbsError
-from fsspec_kbs.tools.units import parse_duration, parse_size
+from fsspec_kbs.maintenance.units import parse_duration, parse_size
 
 
 def _parsed(parse: Callable[[str], int]) -> Callable[[click.Context, click.Parameter, str | None], int | None]:
@@ -104,7 +104,7 @@ def compact_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_opt
                 dest_storage_option: tuple, dest_storage_options_json: str | None, delete_retention: int | None,
                 compression: str | None, overwrite: bool, as_json: bool) -> None:
     """Kafka log compaction: keep the latest record per key in each partition (offsets unchanged)."""
-    from fsspec_kbs.tools.compact import compact_backup
+    from fsspec_kbs.maintenance.compact import compact_backup
 
     so = storage_options_from(storage_option, storage_options_json)
     try:
@@ -143,7 +143,7 @@ def retain_cmd(backup_url: str, to_url: str, storage_option: tuple, storage_opti
                dest_storage_option: tuple, dest_storage_options_json: str | None, max_age: int | None,
                max_bytes: int | None, now: int | None, overwrite: bool, as_json: bool) -> None:
     """Kafka time/size retention: copy the backup without the leading segments retention drops."""
-    from fsspec_kbs.tools.retain import retain_backup
+    from fsspec_kbs.maintenance.retain import retain_backup
 
     if max_age is None and max_bytes is None:
         raise click.UsageError("give --max-age and/or --max-bytes")

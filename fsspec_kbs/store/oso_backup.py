@@ -283,7 +283,7 @@ class OsoBackup(KbsBackup):
 
     def validate_segment(self, ref: SegmentRef, deep: bool, report: Any,
                          check_columns: Callable[[RecordColumns], None] | None = None) -> None:
-        """Used by :func:`fsspec_kbs.validate.validate_backup`.
+        """Used by :func:`fsspec_kbs.maintenance.validate.validate_backup`.
 
         Quick: size, header and footer magic, header fields against the manifest. Deep: also
         the CRC-32, every record (each chunk also passed to ``check_columns``), and the

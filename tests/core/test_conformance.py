@@ -20,7 +20,7 @@ from fsspec_kbs.errors import (
     UnsupportedCodecError,
     UnsupportedVersionError,
 )
-from fsspec_kbs.validate import validate_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 from tests.conftest import CONFORMANCE, load_expected, table_rows
 
 pytestmark = pytest.mark.conformance

@@ -12,8 +12,8 @@ import pytest
 import fsspec_kbs
 from fsspec_kbs.arrow.schema import HEADER_TYPE
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import BackupWriter, KbsBackup
-from fsspec_kbs.validate import validate_backup
 from tests.conftest import table_rows
 
 

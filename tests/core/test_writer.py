@@ -156,7 +156,7 @@ def test_deep_validate_checks_batch_crc_under_a_valid_crc64(tmp_path: Path) -> N
     import struct
 
     from fsspec_kbs.format.checksums import crc64_xz
-    from fsspec_kbs.validate import validate_backup
+    from fsspec_kbs.maintenance.validate import validate_backup
 
     url = tmp_path / "b"
     fsspec_kbs.write_table(str(url), pa.table({"value": [b"a" * 50, b"b" * 50]}), topic="t")

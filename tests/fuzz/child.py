@@ -59,7 +59,7 @@ def run_path(path: str, url: str, params: dict, tmp: str) -> dict:
     import fsspec_kbs  # noqa: F401
     from fsspec_kbs.api import open_reader, read_table
     from fsspec_kbs.dataset import KbsDataset
-    from fsspec_kbs.validate import validate_backup
+    from fsspec_kbs.maintenance.validate import validate_backup
 
     if path == "read_table":
         return {"kind": "rows", "rows": table_rows([read_table(url)])}
@@ -97,7 +97,7 @@ def run_path(path: str, url: str, params: dict, tmp: str) -> dict:
                     rows += jsonl_rows(f.read().decode("utf-8"))
         return {"kind": "rows", "rows": rows}
     if path == "convert":
-        from fsspec_kbs.convert import convert_backup
+        from fsspec_kbs.maintenance.convert import convert_backup
         from fsspec_kbs.store import open_backup
 
         src = open_backup(url)

@@ -91,7 +91,7 @@ def to_v10(backup: Path) -> None:
 
 
 def write_oso(src: Path, dst: Path, codec: str, seed: int) -> Path:
-    from fsspec_kbs.convert import convert_backup
+    from fsspec_kbs.maintenance.convert import convert_backup
 
     rng = random.Random(seed)
     url = dst / "oso-backup-1"

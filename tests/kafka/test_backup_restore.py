@@ -35,8 +35,8 @@ from fsspec_kbs.kafka import (
     run_backup,
     run_restore,
 )
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import Checkpoint
-from fsspec_kbs.validate import validate_backup
 from tests.kafka.helpers import (
     BASE_TS,
     assert_same_records,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store.commit import STREAMS_FIELD
-from fsspec_kbs.validate import validate_backup
 from tests.fixtures.spark import require_spark_kafka, spark_kafka_jars
 from tests.kafka.helpers import consume_all, create_topic, make_records, produce
 from tests.kafka.test_backup_restore import backup_rows, strip

@@ -24,8 +24,8 @@ from fsspec_kbs.kafka_log import (
     open_kafka_log_reader,
     read_kafka_log,
 )
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import open_backup
-from fsspec_kbs.validate import validate_backup
 from tests.conftest import table_rows
 from tests.kafka_log.logbuild import write_segment
 

@@ -20,8 +20,8 @@ import pytest
 from fsspec_kbs import read_table
 from fsspec_kbs.format import kafka_log as kl
 from fsspec_kbs.kafka_log import KafkaLogScan, KafkaLogWarning, import_log, read_kafka_log
+from fsspec_kbs.maintenance import compact_backup
 from fsspec_kbs.store import open_backup
-from fsspec_kbs.tools import compact_backup
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402

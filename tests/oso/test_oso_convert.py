@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 import fsspec_kbs
 from fsspec_kbs.cli.main import cli
-from fsspec_kbs.convert import ConvertProgress, convert_backup
 from fsspec_kbs.errors import CommitConflictError, SegmentFormatError
 from fsspec_kbs.format.columns import RecordColumns
+from fsspec_kbs.maintenance.convert import ConvertProgress, convert_backup
 from fsspec_kbs.store import BackupWriter, open_backup
 from tests.conftest import load_expected, table_rows
 from tests.oso.helpers import CODECS, copy_vector, segment_files, vector

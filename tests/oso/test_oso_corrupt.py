@@ -32,7 +32,7 @@ from fsspec_kbs.format.oso import (
     encode_records,
     encode_segment,
 )
-from fsspec_kbs.validate import validate_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 from tests.oso.helpers import CODECS, copy_vector, manifest, refresh_crc, segment_files
 
 pytestmark = pytest.mark.conformance

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 import fsspec_kbs
 from fsspec_kbs.cli.main import cli
 from fsspec_kbs.errors import IncompleteBackupError, ManifestError
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import list_backups, open_backup
 from fsspec_kbs.store.oso_backup import OsoBackup
-from fsspec_kbs.validate import validate_backup
 from tests.conftest import load_expected, table_rows
 from tests.oso.helpers import CODECS, copy_vector, manifest, vector
 

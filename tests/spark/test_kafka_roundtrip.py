@@ -16,7 +16,7 @@ pytest.importorskip("confluent_kafka")
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from fsspec_kbs.validate import validate_backup  # noqa: E402
+from fsspec_kbs.maintenance.validate import validate_backup  # noqa: E402
 from tests.fixtures.spark import require_spark_kafka  # noqa: E402
 from tests.kafka.helpers import consume_all, create_topic, make_records, produce  # noqa: E402
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.spark.stream_reader import parse_stream_options, rate_limit
 from fsspec_kbs.store.commit import STREAMS_FIELD
-from fsspec_kbs.validate import validate_backup
 
 pytestmark = pytest.mark.spark
 
@@ -235,8 +235,8 @@ def _stage(url: str, start: int, n: int, query: str, batch: int):  # type: ignor
 
 def test_sink_commit_replays_and_crashes(tmp_path: Path) -> None:
     from fsspec_kbs.dataset import KbsDataset
-    from fsspec_kbs.tools.compact import compact_backup
-    from fsspec_kbs.tools.retain import retain_backup
+    from fsspec_kbs.maintenance.compact import compact_backup
+    from fsspec_kbs.maintenance.retain import retain_backup
 
     url = str(tmp_path / "backup-9")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsspec_kbs.validate import validate_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 from tests.conftest import load_expected
 from tests.spark.helpers import df_rows
 

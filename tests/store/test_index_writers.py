@@ -24,11 +24,11 @@ from fsspec_kbs.cli.main import cli
 from fsspec_kbs.errors import BatchIndexError, CommitError, KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.batch_index import ENTRY_SIZE, INDEX_HEADER_SIZE, parse_index, verify_index
+from fsspec_kbs.maintenance.index import add_indexes
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import BackupWriter, KbsBackup
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.staging import SegmentAdopter
-from fsspec_kbs.tools.index import add_indexes
-from fsspec_kbs.validate import validate_backup
 
 N = 20_000
 
@@ -239,7 +239,7 @@ def test_kbs_index_cli(tmp_path: Path) -> None:
 
 def test_add_indexes_rebases_on_concurrent_append(tmp_path: Path) -> None:
     url = make_old(tmp_path / "b", "1.1")
-    from fsspec_kbs.tools import index as index_mod
+    from fsspec_kbs.maintenance import index as index_mod
 
     real = index_mod._build
     calls = []

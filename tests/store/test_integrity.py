@@ -26,7 +26,7 @@ from fsspec_kbs.errors import (
     SegmentFormatError,
 )
 from fsspec_kbs.format.checksums import crc64_xz as crc64
-from fsspec_kbs.validate import validate_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 
 N = 120
 
@@ -244,7 +244,7 @@ def test_batches_declaring_255_mib(backup: Path) -> None:
 
 # -- incomplete backups reported complete ----------------------------------------------------------
 def test_oso_manifest_listing_part_of_the_files(tmp_path: Path) -> None:
-    from fsspec_kbs.convert import convert_backup
+    from fsspec_kbs.maintenance.convert import convert_backup
 
     src = tmp_path / "kbs"
     fsspec_kbs.write_table(str(src), _table(), topic="orders", segment_max_records=10)

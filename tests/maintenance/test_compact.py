@@ -16,10 +16,10 @@ from fsspec_kbs import read_table
 from fsspec_kbs.cli.main import cli
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.maintenance import CompactionWarning, compact_backup, retain_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import BackupWriter, open_backup
 from fsspec_kbs.store.open import detect_layout
-from fsspec_kbs.tools import CompactionWarning, compact_backup, retain_backup
-from fsspec_kbs.validate import validate_backup
 from tests.conftest import load_expected, table_rows
 
 

@@ -1,10 +1,7 @@
-"""Convert a backup between the KBS layout and the OSO kafka-backup tool's layout ("oso-native").
+"""Writing a backup in the OSO kafka-backup tool's layout ("oso-native"; its reader is
+:mod:`fsspec_kbs.store.oso_backup`), committed like every writer.
 
-Streaming: segments are read one at a time and written as they fill, so memory stays bounded
-by one segment per partition. Lossless for everything a Kafka record holds here: keys, values
-(null or not), headers (null header values included), timestamps and offsets.
-
-The oso-native writer follows the tool's layout exactly (see ``docs/formats.md``)::
+The layout follows the tool exactly (``docs/formats.md``)::
 
     <root>/<backup_id>/manifest.json
     <root>/<backup_id>/topics/<topic>/partition=<p>/segment-<start offset, 20 digits>.bin[.zst|.lz4]
@@ -17,15 +14,11 @@ it), where the tool would have written an empty value. That keeps KBS -> oso -> 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import fsspec
-from fsspec.utils import get_protocol
 
-from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.errors import CommitError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.oso import (
@@ -35,7 +28,6 @@ from fsspec_kbs.format.oso import (
     oso_codec_from_name,
     segment_file_name,
 )
-from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.names import (
@@ -47,32 +39,8 @@ from fsspec_kbs.store.names import (
 from fsspec_kbs.store.txn import FaultHook, Move, Transaction
 from fsspec_kbs.store.writer import check_offsets
 
-LAYOUTS = ("kbs", "oso")
 #: The tool rotates a segment once its uncompressed records reach 128 MiB.
 OSO_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
-
-
-@dataclass
-class ConvertProgress:
-    """Passed to the progress callback after each source segment."""
-
-    segments_total: int
-    segments_done: int = 0
-    records: int = 0
-    bytes_read: int = 0
-    segment: SegmentRef | None = None
-
-
-@dataclass
-class ConvertResult:
-    src_url: str
-    dst_url: str
-    to: str
-    segments_read: int = 0
-    segments_written: int = 0
-    records: int = 0
-    seconds: float = 0.0
-    manifest: Any = None
 
 
 @dataclass
@@ -231,157 +199,3 @@ class OsoBackupWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise CommitError("this OsoBackupWriter was already committed or aborted")
-
-
-def _ms_from_iso(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None
-
-
-def _iso_from_ms(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def _source_codec(src: KbsBackup) -> str:
-    refs = src.segments()
-    return (refs[0].codec if refs and refs[0].codec else None) or "zstd"
-
-
-def convert_backup(
-    src_url: str,
-    dst_url: str,
-    to: str = "kbs",
-    *,
-    storage_options: dict | None = None,
-    dst_storage_options: dict | None = None,
-    compression: str | None = None,
-    level: int | None = None,
-    segment_max_bytes: int | None = None,
-    segment_max_records: int | None = None,
-    overwrite: bool = False,
-    verify_checksums: bool = True,
-    allow_incomplete: bool = False,
-    progress: Callable[[ConvertProgress], None] | None = None,
-) -> ConvertResult:
-    """Convert the backup at ``src_url`` (either layout, detected) into ``dst_url`` in layout ``to``.
-
-    Parameters
-    ----------
-    src_url, dst_url : str
-        Backup directories (``<root>/<backup_id>``) on any fsspec URLs.
-    to : {"kbs", "oso"}
-        Layout to write: the published KBS layout, or the OSO kafka-backup tool's own.
-    storage_options, dst_storage_options : dict, optional
-        fsspec options for the source and the destination (the destination defaults to the
-        source's when both URLs use the same protocol).
-    compression : {"zstd", "lz4", "none"}, optional
-        Codec of the output; default: the source's.
-    level : int, optional
-        Codec level.
-    segment_max_bytes, segment_max_records : int, optional
-        Segment rolling of the output (defaults: KBS 64 MiB compressed; oso 128 MiB of records).
-    overwrite : bool, default False
-        Replace a backup already at ``dst_url``.
-    verify_checksums : bool, default True
-        Check the source's checksums while reading.
-    allow_incomplete : bool, default False
-        Convert a source backup without manifest.
-    progress : callable, optional
-        Called with a :class:`ConvertProgress` after each source segment.
-
-    Returns
-    -------
-    ConvertResult
-
-    Raises
-    ------
-    CommitConflictError
-        ``dst_url`` holds a backup and ``overwrite`` is False.
-    KbsError
-        Any defect of the source (the destination then gets no manifest: it is not published).
-    """
-    if to not in LAYOUTS:
-        raise ValueError(f"to must be one of {LAYOUTS}, got {to!r}")
-    if dst_storage_options is None and get_protocol(src_url) == get_protocol(dst_url):
-        dst_storage_options = storage_options
-    started = time.monotonic()
-    src = open_backup(src_url, storage_options, allow_incomplete=allow_incomplete)
-    refs = src.segments()
-    codec = compression or _source_codec(src)
-    result = ConvertResult(src_url, dst_url, to)
-    m = src.manifest
-    writer: Any
-    if to == "oso":
-        created = None
-        cluster_id, brokers = None, []
-        if src.layout == "oso" and m is not None:
-            created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
-        elif m is not None:
-            created = _ms_from_iso(m.created_at)
-            sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
-            cluster_id = sc.get("cluster_id")
-            brokers = sc.get("bootstrap_servers") or []
-            if isinstance(brokers, str):
-                brokers = [b for b in brokers.split(",") if b]
-        writer = OsoBackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
-                                 segment_max_bytes=segment_max_bytes or OSO_SEGMENT_MAX_BYTES,
-                                 segment_max_records=segment_max_records, overwrite=overwrite,
-                                 created_at=created, source_cluster_id=cluster_id, source_brokers=brokers)
-    else:
-        source_cluster = None
-        if src.layout == "oso" and m is not None:
-            if m.source_cluster_id is not None or m.source_brokers:
-                source_cluster = {"cluster_id": m.source_cluster_id,
-                                  "bootstrap_servers": ",".join(m.source_brokers or [])}
-        elif m is not None:
-            source_cluster = m.source_cluster
-        kwargs: dict[str, Any] = {}
-        if segment_max_bytes is not None:
-            kwargs["segment_max_bytes"] = segment_max_bytes
-        writer = BackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
-                              segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
-                              source_cluster=source_cluster, **kwargs)
-        if src.layout == "oso" and m is not None:
-            writer.created_at = _iso_from_ms(m.created_at)
-        elif m is not None and src.layout == "kbs":
-            writer.created_at = m.created_at
-    state = ConvertProgress(segments_total=len(refs))
-    try:
-        prev: tuple[str, int] | None = None
-        for ref in refs:
-            if to == "oso" and prev is not None and prev != (ref.topic, ref.partition):
-                writer.flush_partition(*prev)  # bound memory: one partition's pending records at a time
-            prev = (ref.topic, ref.partition)
-            for cols in src.iter_columns(ref, verify_checksums=verify_checksums):
-                check_header_keys(cols, ref.path)  # what a reader of the copy checks, before writing it
-                writer.write_columns(ref.topic, ref.partition, cols)
-                state.records += len(cols)
-            state.segments_done += 1
-            state.bytes_read += ref.size_bytes or 0
-            state.segment = ref
-            if progress is not None:
-                progress(state)
-        src.check_totals()  # the manifest's totals, as a reader of the source would check them
-        if to == "oso":
-            result.manifest = writer.commit()
-            result.segments_written = writer.segments_written
-        else:
-            extra = {}
-            if src.layout == "oso":
-                extra["converted_from"] = {"layout": "oso", "backup_id": src.backup_id}
-                gaps = src.gaps()  # type: ignore[attr-defined]
-                if gaps:
-                    extra["oso_gaps"] = gaps
-            result.manifest = writer.commit(extra=extra or None)
-            result.segments_written = len(writer.written_segments)
-    except BaseException:
-        writer.abort()
-        raise
-    result.segments_read = state.segments_done
-    result.records = state.records
-    result.seconds = time.monotonic() - started
-    return result

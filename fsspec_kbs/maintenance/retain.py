@@ -29,6 +29,7 @@ from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format import SegmentReader
 from fsspec_kbs.format.batch_index import encode_index, index_from_segment
 from fsspec_kbs.format.checksums import crc32
+from fsspec_kbs.maintenance.units import parse_duration, parse_size
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import put_file
@@ -48,7 +49,6 @@ from fsspec_kbs.store.names import (
 )
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.txn import Move, Transaction, json_of
-from fsspec_kbs.tools.units import parse_duration, parse_size
 
 
 @dataclass

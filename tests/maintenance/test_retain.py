@@ -15,9 +15,9 @@ from fsspec_kbs import read_table
 from fsspec_kbs.cli.main import cli
 from fsspec_kbs.errors import CommitConflictError
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.maintenance import parse_duration, parse_size, plan_retention, retain_backup
+from fsspec_kbs.maintenance.validate import validate_backup
 from fsspec_kbs.store import BackupWriter, open_backup
-from fsspec_kbs.tools import parse_duration, parse_size, plan_retention, retain_backup
-from fsspec_kbs.validate import validate_backup
 from tests.conftest import table_rows
 
 T0 = 1_700_000_000_000

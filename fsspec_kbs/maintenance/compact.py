@@ -30,11 +30,11 @@ import pyarrow as pa
 from fsspec_kbs.arrow.convert import batch_to_columns, columns_to_batch
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.codecs import CODEC_BY_NAME
+from fsspec_kbs.maintenance.units import parse_duration
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
 from fsspec_kbs.store.commit import STREAMS_FIELD
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.writer import BackupWriter
-from fsspec_kbs.tools.units import parse_duration
 
 log = logging.getLogger(__name__)
 
