@@ -49,7 +49,7 @@ from fsspec_kbs.format.segment import (
 from fsspec_kbs.store import BackupWriter
 from tests.conftest import CONFORMANCE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("offsets", "timestamps", "key_offsets", "key_data", "key_valid", "value_offsets", "value_data",
           "value_valid", "header_offsets", "header_key_offsets", "header_key_data", "header_value_offsets",
           "header_value_data", "header_value_valid")
