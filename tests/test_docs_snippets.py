@@ -114,7 +114,7 @@ def _cases() -> list:
     out = []
     for name in FILES:
         path = ROOT / name
-        if path.exists() and blocks(path):
+        if path.exists() and any(lang not in ("", "text", "console") for _, lang, _, _ in blocks(path)):
             out.append(pytest.param(name, id=name))
     return out
 
