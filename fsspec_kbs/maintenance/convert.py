@@ -65,6 +65,81 @@ def _source_codec(src: KbsBackup) -> str:
     return (refs[0].codec if refs and refs[0].codec else None) or "zstd"
 
 
+def _oso_writer(src: KbsBackup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
+                level: int | None, segment_max_bytes: int | None, segment_max_records: int | None,
+                overwrite: bool) -> OsoBackupWriter:
+    """The OSO-layout writer, carrying the source's creation time and cluster over."""
+    m = src.manifest
+    created, cluster_id, brokers = None, None, []
+    if src.layout == "oso" and m is not None:
+        created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
+    elif m is not None:
+        created = _ms_from_iso(m.created_at)
+        sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
+        cluster_id = sc.get("cluster_id")
+        brokers = sc.get("bootstrap_servers") or []
+        if isinstance(brokers, str):
+            brokers = [b for b in brokers.split(",") if b]
+    return OsoBackupWriter(dst_url, dst_storage_options, compression=compression, level=level,
+                           segment_max_bytes=segment_max_bytes or OSO_SEGMENT_MAX_BYTES,
+                           segment_max_records=segment_max_records, overwrite=overwrite,
+                           created_at=created, source_cluster_id=cluster_id, source_brokers=brokers)
+
+
+def _kbs_writer(src: KbsBackup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
+                level: int | None, segment_max_bytes: int | None, segment_max_records: int | None,
+                overwrite: bool) -> BackupWriter:
+    """The KBS writer, carrying the source's creation time and cluster over."""
+    m = src.manifest
+    source_cluster = None
+    if src.layout == "oso" and m is not None:
+        if m.source_cluster_id is not None or m.source_brokers:
+            source_cluster = {"cluster_id": m.source_cluster_id, "bootstrap_servers": ",".join(m.source_brokers or [])}
+    elif m is not None:
+        source_cluster = m.source_cluster
+    kwargs: dict[str, Any] = {} if segment_max_bytes is None else {"segment_max_bytes": segment_max_bytes}
+    writer = BackupWriter(dst_url, dst_storage_options, compression=compression, level=level,
+                          segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
+                          source_cluster=source_cluster, **kwargs)
+    if src.layout == "oso" and m is not None:
+        writer.created_at = _iso_from_ms(m.created_at)
+    elif m is not None and src.layout == "kbs":
+        writer.created_at = m.created_at
+    return writer
+
+
+def _copy(src: KbsBackup, refs: list[SegmentRef], writer: BackupWriter | OsoBackupWriter, *, flush_partitions: bool,
+          verify_checksums: bool, progress: Callable[[ConvertProgress], None] | None) -> ConvertProgress:
+    """Every record of ``refs``, read and checked, into ``writer`` (not committed)."""
+    state = ConvertProgress(segments_total=len(refs))
+    prev: tuple[str, int] | None = None
+    for ref in refs:
+        if flush_partitions and prev is not None and prev != (ref.topic, ref.partition):
+            writer.flush_partition(*prev)  # type: ignore[union-attr]  # bound memory: one partition at a time
+        prev = (ref.topic, ref.partition)
+        for cols in src.iter_columns(ref, verify_checksums=verify_checksums):
+            check_header_keys(cols, ref.path)  # what a reader of the copy checks, before writing it
+            writer.write_columns(ref.topic, ref.partition, cols)
+            state.records += len(cols)
+        state.segments_done += 1
+        state.bytes_read += ref.size_bytes or 0
+        state.segment = ref
+        if progress is not None:
+            progress(state)
+    return state
+
+
+def _provenance(src: KbsBackup) -> dict[str, Any]:
+    """What a KBS copy of an OSO backup records of its source (and the gaps the tool noted)."""
+    if src.layout != "oso":
+        return {}
+    extra: dict[str, Any] = {"converted_from": {"layout": "oso", "backup_id": src.backup_id}}
+    gaps = src.gaps()  # type: ignore[attr-defined]
+    if gaps:
+        extra["oso_gaps"] = gaps
+    return extra
+
+
 def convert_backup(
     src_url: str,
     dst_url: str,
@@ -125,72 +200,20 @@ def convert_backup(
     started = time.monotonic()
     src = open_backup(src_url, storage_options, allow_incomplete=allow_incomplete)
     refs = src.segments()
-    codec = compression or _source_codec(src)
     result = ConvertResult(src_url, dst_url, to)
-    m = src.manifest
-    writer: Any
-    if to == "oso":
-        created = None
-        cluster_id, brokers = None, []
-        if src.layout == "oso" and m is not None:
-            created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
-        elif m is not None:
-            created = _ms_from_iso(m.created_at)
-            sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
-            cluster_id = sc.get("cluster_id")
-            brokers = sc.get("bootstrap_servers") or []
-            if isinstance(brokers, str):
-                brokers = [b for b in brokers.split(",") if b]
-        writer = OsoBackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
-                                 segment_max_bytes=segment_max_bytes or OSO_SEGMENT_MAX_BYTES,
-                                 segment_max_records=segment_max_records, overwrite=overwrite,
-                                 created_at=created, source_cluster_id=cluster_id, source_brokers=brokers)
-    else:
-        source_cluster = None
-        if src.layout == "oso" and m is not None:
-            if m.source_cluster_id is not None or m.source_brokers:
-                source_cluster = {"cluster_id": m.source_cluster_id,
-                                  "bootstrap_servers": ",".join(m.source_brokers or [])}
-        elif m is not None:
-            source_cluster = m.source_cluster
-        kwargs: dict[str, Any] = {}
-        if segment_max_bytes is not None:
-            kwargs["segment_max_bytes"] = segment_max_bytes
-        writer = BackupWriter(dst_url, dst_storage_options, compression=codec, level=level,
-                              segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
-                              source_cluster=source_cluster, **kwargs)
-        if src.layout == "oso" and m is not None:
-            writer.created_at = _iso_from_ms(m.created_at)
-        elif m is not None and src.layout == "kbs":
-            writer.created_at = m.created_at
-    state = ConvertProgress(segments_total=len(refs))
+    options = dict(compression=compression or _source_codec(src), level=level, segment_max_bytes=segment_max_bytes,
+                   segment_max_records=segment_max_records, overwrite=overwrite)
+    writer = (_oso_writer(src, dst_url, dst_storage_options, **options) if to == "oso"
+              else _kbs_writer(src, dst_url, dst_storage_options, **options))
     try:
-        prev: tuple[str, int] | None = None
-        for ref in refs:
-            if to == "oso" and prev is not None and prev != (ref.topic, ref.partition):
-                writer.flush_partition(*prev)  # bound memory: one partition's pending records at a time
-            prev = (ref.topic, ref.partition)
-            for cols in src.iter_columns(ref, verify_checksums=verify_checksums):
-                check_header_keys(cols, ref.path)  # what a reader of the copy checks, before writing it
-                writer.write_columns(ref.topic, ref.partition, cols)
-                state.records += len(cols)
-            state.segments_done += 1
-            state.bytes_read += ref.size_bytes or 0
-            state.segment = ref
-            if progress is not None:
-                progress(state)
+        state = _copy(src, refs, writer, flush_partitions=to == "oso", verify_checksums=verify_checksums,
+                      progress=progress)
         src.check_totals()  # the manifest's totals, as a reader of the source would check them
         if to == "oso":
             result.manifest = writer.commit()
             result.segments_written = writer.segments_written
         else:
-            extra = {}
-            if src.layout == "oso":
-                extra["converted_from"] = {"layout": "oso", "backup_id": src.backup_id}
-                gaps = src.gaps()  # type: ignore[attr-defined]
-                if gaps:
-                    extra["oso_gaps"] = gaps
-            result.manifest = writer.commit(extra=extra or None)
+            result.manifest = writer.commit(extra=_provenance(src) or None)
             result.segments_written = len(writer.written_segments)
     except BaseException:
         writer.abort()
