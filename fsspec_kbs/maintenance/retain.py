@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
 from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import IncompleteBackupError, UnsupportedLayoutError
@@ -181,8 +182,7 @@ def retain_backup(
     for ref in segments:
         groups.setdefault((ref.topic, ref.partition), []).append(ref)
     topics: dict[str, list[PartitionEntry]] = {}
-    uncompressed = 0
-    moves: list[Move] = []
+    copy = _Copy(backup, fs, path, txn)
     try:
         for (topic, partition), refs in sorted(groups.items()):
             pr = PartitionRetention(topic, partition, len(refs))
@@ -192,28 +192,7 @@ def retain_backup(
             max_ts = [_segment_max_ts(backup, r) for r in refs] if age is not None else [None] * len(refs)
             by_age, by_size = plan_retention(sizes, max_ts, age, size_cap, ref_time)
             pr.segments_dropped_by_age, pr.segments_dropped_by_size = by_age, by_size
-            entries: list[SegmentEntry] = []
-            for seq, ref in enumerate(refs[by_age + by_size :]):
-                data = backup.read_segment_bytes(ref)
-                reader = SegmentReader(data, ref.path, verify_checksums=True)
-                uncompressed += sum(b.uncompressed_size for b in reader.batches())
-                staged = f"{partition_dir(txn.staging, topic, partition)}/{segment_name(seq)}"
-                put_file(fs, staged, data)
-                final = f"{partition_dir(path, topic, partition)}/{segment_name(seq)}"
-                moves.append(Move(txn.relative(staged), txn.relative(final), len(data), reader.header.checksum))
-                # The batch index (kbs-format.md §7) is rebuilt from the segment, which is read
-                # whole and checked anyway: a damaged or missing source index is not carried over.
-                stamps = index_from_segment(reader)
-                index = encode_index(stamps)
-                put_file(fs, index_path(staged), index)
-                moves.append(Move(txn.relative(index_path(staged)), txn.relative(index_path(final)), len(index),
-                                  crc32=crc32(index)))
-                mn = int(stamps["min_timestamp"].min()) if len(stamps) else None
-                mx = int(stamps["max_timestamp"].max()) if len(stamps) else None
-                entries.append(SegmentEntry(
-                    segment_name(seq), reader.header.first_offset, reader.footer.last_offset,
-                    reader.header.record_count, mn, mx, len(data), reader.header.checksum,
-                    index_crc32=crc32(index)))
+            entries = [copy.segment(ref, seq) for seq, ref in enumerate(refs[by_age + by_size :])]
             if entries:
                 topics.setdefault(topic, []).append(PartitionEntry(
                     partition, entries[0].first_offset, entries[-1].last_offset,
@@ -221,12 +200,44 @@ def retain_backup(
                 pr.first_offset = entries[0].first_offset
             pr.bytes_out = sum(e.size_bytes for e in entries)
             pr.records_out = sum(e.records for e in entries)
-        manifest = json_of(_manifest(backup, backup_id, topics, uncompressed, report))
-        txn.commit(lambda state: (manifest, moves))
+        manifest = json_of(_manifest(backup, backup_id, topics, copy.uncompressed, report))
+        txn.commit(lambda state: (manifest, copy.moves))
     except BaseException:
         txn.abort()  # only this run's staging; a claimed commit keeps it for the roll forward
         raise
     return report
+
+
+class _Copy:
+    """Kept segments, each read whole and checked, staged unchanged with a rebuilt batch index."""
+
+    def __init__(self, backup: KbsBackup, fs: fsspec.AbstractFileSystem, path: str, txn: Transaction) -> None:
+        self.backup, self.fs, self.path, self.txn = backup, fs, path, txn
+        self.moves: list[Move] = []
+        self.uncompressed = 0
+
+    def segment(self, ref: SegmentRef, seq: int) -> SegmentEntry:
+        """Stage ``ref`` as segment ``seq`` of its partition; its manifest entry."""
+        txn, topic, partition = self.txn, ref.topic, ref.partition
+        data = self.backup.read_segment_bytes(ref)
+        reader = SegmentReader(data, ref.path, verify_checksums=True)
+        self.uncompressed += sum(b.uncompressed_size for b in reader.batches())
+        staged = f"{partition_dir(txn.staging, topic, partition)}/{segment_name(seq)}"
+        put_file(self.fs, staged, data)
+        final = f"{partition_dir(self.path, topic, partition)}/{segment_name(seq)}"
+        self.moves.append(Move(txn.relative(staged), txn.relative(final), len(data), reader.header.checksum))
+        # The batch index (kbs-format.md §7) is rebuilt from the segment, which is read whole and
+        # checked anyway: a damaged or missing source index is not carried over.
+        stamps = index_from_segment(reader)
+        index = encode_index(stamps)
+        put_file(self.fs, index_path(staged), index)
+        self.moves.append(Move(txn.relative(index_path(staged)), txn.relative(index_path(final)), len(index),
+                               crc32=crc32(index)))
+        mn = int(stamps["min_timestamp"].min()) if len(stamps) else None
+        mx = int(stamps["max_timestamp"].max()) if len(stamps) else None
+        return SegmentEntry(segment_name(seq), reader.header.first_offset, reader.footer.last_offset,
+                            reader.header.record_count, mn, mx, len(data), reader.header.checksum,
+                            index_crc32=crc32(index))
 
 
 def _manifest(backup: KbsBackup, backup_id: str, topics: dict[str, list[PartitionEntry]], uncompressed: int,
