@@ -185,15 +185,7 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
         if picture is not None and picture.source == "records":
             _fill_times(rows, picture)
     if plot_path:
-        picture_png = act.compute(backup, bins or 200, exact=exact)
-        if picture_png is None:
-            warn_line(f"{backup_url}: no timestamps recorded for a picture; add --exact to read them "
-                      "from the records")
-        else:
-            drawn = act.plot(picture_png, plot_path, info["backup_id"])
-            if drawn < len(picture_png.partitions):
-                warn_line(f"--plot drew the first {drawn} of {len(picture_png.partitions)} partitions")
-            console.print(f"wrote {plot_path}", highlight=False)
+        _plot(backup, backup_url, info["backup_id"], plot_path, bins or 200, exact)
     if as_json:
         doc = {k: v for k, v in info.items() if k != "segments"}
         doc["partitions"] = rows
@@ -204,6 +196,23 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
             doc["activity"] = None if picture is None else act.to_json(picture)
         out.print_json(json.dumps(doc, default=str))
         return
+    _print_summary(info, rows, records, compressed, uncompressed, ratio)
+    _print_partitions(rows)
+    if show_activity:
+        width = max(out.width, 40)
+        out.print()
+        if picture is None:
+            out.print("records over time: no timestamps recorded by this layout (add --exact to read them)")
+        else:
+            for line in _activity_lines(picture, width):
+                out.print(line, overflow="fold")
+    for gap in info.get("gaps") or []:
+        warn_line(f"gap: {gap}")
+
+
+def _print_summary(info: dict, rows: list[dict], records: int, compressed: int, uncompressed: int | None,
+                   ratio: float | None) -> None:
+    """The backup's label: value lines."""
     layout = f"{info.get('layout', 'kbs')} {info.get('version') or ''}".strip()
     for label, value in (
         ("backup", info["backup_id"]),
@@ -222,6 +231,10 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
     ):
         out.print(Text.assemble((f"{label:<15}", "bold"), Text.from_markup(value)), overflow="fold")
     out.print()
+
+
+def _print_partitions(rows: list[dict]) -> None:
+    """One table row per partition when wide; one block per partition when narrow (nothing cut)."""
     if out.width >= 150:
         table = Table("topic", "partition", "segments", "first offset", "last offset", "records",
                       "earliest", "latest", "size", title="partitions", title_justify="left")
@@ -244,16 +257,20 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
             out.print(f"  offsets  {_num(r['first_offset'])} … {_num(r['last_offset'])}", highlight=False)
             if r["min_ts"] is not None:
                 out.print(f"  time     {iso_ms(r['min_ts'])} … {iso_ms(r['max_ts'])}", highlight=False)
-    if show_activity:
-        width = max(out.width, 40)
-        out.print()
-        if picture is None:
-            out.print("records over time: no timestamps recorded by this layout (add --exact to read them)")
-        else:
-            for line in _activity_lines(picture, width):
-                out.print(line, overflow="fold")
-    for gap in info.get("gaps") or []:
-        warn_line(f"gap: {gap}")
+
+
+def _plot(backup: Any, backup_url: str, backup_id: str, plot_path: str, bins: int, exact: bool) -> None:
+    """``--plot``: records over time per partition as a PNG."""
+    from fsspec_kbs.cli import activity as act
+
+    picture = act.compute(backup, bins, exact=exact)
+    if picture is None:
+        warn_line(f"{backup_url}: no timestamps recorded for a picture; add --exact to read them from the records")
+        return
+    drawn = act.plot(picture, plot_path, backup_id)
+    if drawn < len(picture.partitions):
+        warn_line(f"--plot drew the first {drawn} of {len(picture.partitions)} partitions")
+    console.print(f"wrote {plot_path}", highlight=False)
 
 
 def _num(n: int | None) -> str:
