@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -53,13 +53,27 @@ STAGING_DIR = "_staging"
 # An abort marker outlives the clean-up of its job's files by this long: a task Spark cancelled
 # may still be staging files and must still find the marker telling it to remove them.
 MARKER_TTL_S = 24 * 3600
-_STATS = tuple(SegmentStats.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class StagedSegment:
+    """A segment a task staged, with the CRC-32 of the batch index staged beside it."""
+
+    topic: str
+    partition: int
+    seq: int
+    path: str
+    stats: SegmentStats
+    index_crc32: int | None = None
+
+    def adopt(self, adopter: SegmentAdopter) -> None:
+        """Make it the partition's next segment (with its index) at the adopter's commit."""
+        adopter.adopt_segment(self.topic, self.partition, self.path, self.stats, self.index_crc32)
 
 
 @dataclass
 class KbsCommitMessage(WriterCommitMessage):
-    """What one task staged: segment dicts (topic, partition, seq, path, SegmentStats fields,
-    ``index_crc32`` of the batch index staged beside the segment).
+    """What one task staged: its segments, in the order it wrote them.
 
     ``assigned`` lists ``"topic/partition"`` keys whose offsets the task numbered itself
     (the input had no offsets); the driver may shift those to follow earlier tasks.
@@ -67,7 +81,7 @@ class KbsCommitMessage(WriterCommitMessage):
 
     task_index: int
     task_id: str
-    segments: list[dict] = field(default_factory=list)
+    segments: list[StagedSegment] = field(default_factory=list)
     assigned: list[str] = field(default_factory=list)
     records: int = 0
 
@@ -171,11 +185,8 @@ class KbsWriter(DataSourceArrowWriter):
             # may have run before these files existed, so this task removes its own.
             self._discard(staged)
             raise PartialWriteError(f"write to {o.path} was aborted while task {task_index} ran")
-        segments = [
-            {"topic": w.topic, "partition": w.partition, "seq": w.seq, "path": w.path, **asdict(w.stats),
-             "index_crc32": w.index_crc32}
-            for w in staged.written_segments
-        ]
+        segments = [StagedSegment(w.topic, w.partition, w.seq, w.path, w.stats, w.index_crc32)
+                    for w in staged.written_segments]
         return KbsCommitMessage(task_index, task_id, segments, sorted(assigned), records)
 
     def _offsets(self, part: pa.RecordBatch, k: str, next_offset: dict[str, int], assigned: set[str],
@@ -225,7 +236,7 @@ class KbsWriter(DataSourceArrowWriter):
                     continue
                 for _, seg in items:
                     # Raises OffsetOrderError when an append would make offsets go backwards.
-                    adopter.adopt_segment(topic, partition, seg["path"], _stats(seg), seg.get("index_crc32"))
+                    seg.adopt(adopter)
             try:
                 adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
             finally:
@@ -242,19 +253,19 @@ class KbsWriter(DataSourceArrowWriter):
         self._remove_staging()
 
     def _commit_assigned(self, adopter: SegmentAdopter, topic: str, partition: int,
-                         items: list[tuple[KbsCommitMessage, dict]]) -> None:
+                         items: list[tuple[KbsCommitMessage, StagedSegment]]) -> None:
         """Offsets numbered by the tasks: each task's records follow the previous task's, in task order."""
         next_offset = adopter.last_offset(topic, partition) + 1
         shift = None
         task = None
         for m, seg in items:
             if m is not task:
-                task, shift = m, next_offset - seg["first_offset"]
+                task, shift = m, next_offset - seg.stats.first_offset
             if shift == 0:
-                adopter.adopt_segment(topic, partition, seg["path"], _stats(seg), seg.get("index_crc32"))
+                seg.adopt(adopter)
             else:
-                adopter.rewrite_segment(topic, partition, seg["path"], shift)  # type: ignore[arg-type]
-            next_offset = seg["last_offset"] + shift + 1  # type: ignore[operator]
+                adopter.rewrite_segment(topic, partition, seg.path, shift)  # type: ignore[arg-type]
+            next_offset = seg.stats.last_offset + shift + 1  # type: ignore[operator]
 
     @staticmethod
     def _discard(staged: BackupWriter) -> None:
@@ -319,16 +330,16 @@ def _aborted_at(fs: AbstractFileSystem, marker: str) -> float:
         return 0.0
 
 
-def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, dict]]]]:
+def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, StagedSegment]]]]:
     """Staged segments per (topic, partition), in the order they will be published.
 
     Segments whose offsets the tasks numbered stay in task order (they are shifted at commit);
     segments with given offsets are sorted by offset and must not overlap.
     """
-    by_key: dict[tuple[str, int], list[tuple[KbsCommitMessage, dict]]] = {}
+    by_key: dict[tuple[str, int], list[tuple[KbsCommitMessage, StagedSegment]]] = {}
     for m in msgs:
-        for seg in sorted(m.segments, key=lambda s: s["seq"]):
-            by_key.setdefault((seg["topic"], seg["partition"]), []).append((m, seg))
+        for seg in sorted(m.segments, key=lambda s: s.seq):
+            by_key.setdefault((seg.topic, seg.partition), []).append((m, seg))
     plan = []
     for (topic, partition), items in sorted(by_key.items()):
         k = _key(topic, partition)
@@ -337,17 +348,15 @@ def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, lis
             raise ValueError(f"partition {k}: some tasks gave offsets and some did not; give all or none")
         assigned = kinds == {True}
         if not assigned:
-            items = sorted(items, key=lambda it: it[1]["first_offset"])
+            items = sorted(items, key=lambda it: it[1].stats.first_offset)
             for (_, a), (_, b) in zip(items, items[1:], strict=False):
-                if b["first_offset"] <= a["last_offset"]:
+                if b.stats.first_offset <= a.stats.last_offset:
                     raise OffsetOrderError(
-                        f"offsets of {k} overlap between tasks ({a['first_offset']}..{a['last_offset']} and "
-                        f"{b['first_offset']}..{b['last_offset']}): repartition('topic', 'partition') and "
+                        f"offsets of {k} overlap between tasks ({a.stats.first_offset}..{a.stats.last_offset} and "
+                        f"{b.stats.first_offset}..{b.stats.last_offset}): repartition('topic', 'partition') and "
                         "sortWithinPartitions('offset') so one task writes each partition in order, "
                         "or drop the offset column to have offsets assigned")
         plan.append(((topic, partition), assigned, items))
     return plan
 
 
-def _stats(seg: dict) -> SegmentStats:
-    return SegmentStats(**{k: seg[k] for k in _STATS})

@@ -93,6 +93,12 @@ def test_sink_exactly_once_across_a_replayed_batch(spark, tmp_path: Path) -> Non
     assert _manifest(url)[STREAMS_FIELD][q.id]["batch"] == 3
     report = validate_backup(url, deep=True)
     assert report.ok, report.defects
+    # Every micro-batch's segments carry their batch index (kbs-format.md §7).
+    entries = [e for t in _manifest(url)["topics"] for p in t["partitions"] for e in p["segment_index"]]
+    assert entries and all(e.get("index_crc32") is not None for e in entries)
+    assert all((Path(url) / "topics" / t["name"] / str(p["partition"]) / e["file"].replace(".kbs", ".index")).exists()
+               for t in _manifest(url)["topics"] for p in t["partitions"] for e in p["segment_index"])
+    assert not list((Path(url) / "_staging").rglob("*.index"))
 
 
 def test_sink_dense_offsets_and_failed_batch(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
