@@ -129,6 +129,12 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        # A submodule not imported yet (``fsspec_kbs.fs``), as with an eager package.
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module 'fsspec_kbs' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once loaded, a plain attribute

@@ -19,6 +19,7 @@ import pytest
 
 import fsspec_kbs
 from fsspec_kbs.errors import (
+    BackupNotFoundError,
     IncompleteBackupError,
     KbsError,
     ManifestError,
@@ -285,3 +286,76 @@ def test_uncompressed_bytes_statistic_is_checked_by_full_reads(backup: Path) -> 
     with pytest.raises(ManifestError, match="uncompressed_bytes"):
         fsspec_kbs.read_table(str(backup))
     assert not validate_backup(str(backup), deep=True).ok
+
+
+# -- classes the 20,000-case fuzz run found last (docs/testing.md) ----------------------------------
+def _bad_header_key_backup(url: str) -> None:
+    """One record whose header key is not UTF-8 (checksums valid): Kafka keys are strings."""
+    import numpy as np
+
+    from fsspec_kbs.format import RecordColumns
+    from fsspec_kbs.store import BackupWriter
+
+    u8, i32 = np.uint8, np.int32
+    cols = RecordColumns(
+        offsets=np.array([0], np.int64), timestamps=np.array([1_700_000_000_000], np.int64),
+        key_offsets=np.array([0, 1], i32), key_data=np.frombuffer(b"k", u8), key_valid=np.array([True]),
+        value_offsets=np.array([0, 1], i32), value_data=np.frombuffer(b"v", u8), value_valid=np.array([True]),
+        header_offsets=np.array([0, 1], i32), header_key_offsets=np.array([0, 2], i32),
+        header_key_data=np.frombuffer(b"\xff\xfe", u8), header_value_offsets=np.array([0, 1], i32),
+        header_value_data=np.frombuffer(b"x", u8), header_value_valid=np.array([True]))
+    w = BackupWriter(url)
+    w.write_columns("t", 0, cols)
+    w.commit()
+
+
+def test_non_utf8_header_key_in_every_view(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fsspec_kbs.cli.main import cli
+
+    url = str(tmp_path / "b")
+    _bad_header_key_backup(url)
+    with pytest.raises(SegmentFormatError, match="UTF-8"):
+        fsspec_kbs.read_table(url)
+    fs = fsspec_kbs.fs.KbsFileSystem(fo=url)
+    with pytest.raises(SegmentFormatError, match="UTF-8"), fs.open("t/0/records.jsonl") as f:
+        f.read()
+    assert CliRunner().invoke(cli, ["cat", url]).exit_code == 2
+    assert not validate_backup(url, deep=True).ok
+
+
+def test_kbs_cat_prints_any_int64_timestamp(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fsspec_kbs.cli.main import cli
+
+    ts = [-(2**63), 0, 2**63 - 1]
+    t = pa.table({"offset": pa.array(range(3), pa.int64()),
+                  "timestamp": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")), "value": [b"a"] * 3})
+    fsspec_kbs.write_table(str(tmp_path / "b"), t, topic="t")
+    res = CliRunner().invoke(cli, ["cat", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["timestamp"] for line in res.output.splitlines()] == ts
+
+
+def test_convert_checks_the_manifest_time_range(backup: Path, tmp_path: Path) -> None:
+    from fsspec_kbs.maintenance.convert import convert_backup
+
+    edit(backup, lambda d: d["time_range"].update(latest_timestamp=d["time_range"]["latest_timestamp"] + 1))
+    with pytest.raises(ManifestError, match="time_range"):
+        convert_backup(str(backup), str(tmp_path / "copy"))
+    assert not (tmp_path / "copy" / "manifest.json").exists()
+
+
+def test_oso_directory_named_like_a_segment(tmp_path: Path) -> None:
+    from fsspec_kbs.maintenance.convert import convert_backup
+
+    src = tmp_path / "kbs"
+    fsspec_kbs.write_table(str(src), _table(), topic="orders", segment_max_records=10)
+    oso = tmp_path / "oso-1"
+    convert_backup(str(src), str(oso), to="oso", segment_max_records=10)
+    part = next((oso / "topics" / "orders").iterdir())
+    (part / "segment-00000000000000099999.bin.zst").mkdir()
+    with pytest.raises(BackupNotFoundError, match="is a directory"):
+        fsspec_kbs.read_table(str(oso))
