@@ -12,6 +12,7 @@ from fsspec_kbs.arrow.convert import batch_to_columns, split_table, timestamps_o
 from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.filters import TimeLike
 from fsspec_kbs.store import BackupWriter, Manifest
+from fsspec_kbs.store.txn import WriteMode
 
 
 class NoMatchWarning(UserWarning):
@@ -238,7 +239,7 @@ def write_table(
     partition: int | None = None,
     compression: str = "zstd",
     level: int | None = None,
-    mode: str = "error",
+    mode: WriteMode = "error",
     segment_max_bytes: int = 64 * 1024 * 1024,
     segment_max_records: int | None = None,
     batch_max_bytes: int = 1024 * 1024,

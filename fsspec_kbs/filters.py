@@ -13,7 +13,9 @@ import numpy as np
 from fsspec_kbs.store.backup import Bounds, SegmentRef
 from fsspec_kbs.times import parse_time
 
-TimeLike = int | float | str | datetime | date | Any
+#: A time bound: Unix ms, a string (ISO 8601, Unix ms, relative), a datetime or date (pandas
+#: Timestamps are datetimes), a numpy datetime64 or integer.
+TimeLike = int | float | str | datetime | date | np.datetime64 | np.integer
 
 
 def to_millis(value: TimeLike | None) -> int | None:

@@ -14,6 +14,7 @@ from fsspec_kbs.arrow.schema import project
 from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format.kafka_log import DEFAULT_MAX_UNCOMPRESSED, TIMESTAMP_TYPE_NAMES, KafkaColumns
 from fsspec_kbs.kafka_log.log_dir import KafkaLogDir, LogPartition, PartitionStats, TailReport
+from fsspec_kbs.store.txn import WriteMode
 from fsspec_kbs.store.writer import BackupWriter
 
 
@@ -175,7 +176,7 @@ def import_log(
     topic_pattern: str | None = None,
     partitions: int | Iterable[int] | None = None,
     compression: str = "zstd",
-    mode: str = "error",
+    mode: WriteMode = "error",
     verify_crc: bool = True,
     on_corrupt_tail: str = "truncate",
     include_internal: bool = False,

@@ -34,6 +34,7 @@ from fsspec_kbs.maintenance.units import parse_duration
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
 from fsspec_kbs.store.commit import STREAMS_FIELD
 from fsspec_kbs.store.open import open_backup
+from fsspec_kbs.store.txn import WriteMode
 from fsspec_kbs.store.writer import BackupWriter
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def compact_backup(
     to_storage_options: dict | None = None,
     delete_retention: Any = None,
     compression: str | None = None,
-    mode: str = "error",
+    mode: WriteMode = "error",
     verify_checksums: bool = True,
     **writer_options: Any,
 ) -> CompactionReport:

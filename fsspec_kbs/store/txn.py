@@ -25,7 +25,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -49,6 +49,9 @@ from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR
 #: Called with the name of each step of a commit (tests inject crashes here).
 FaultHook = Callable[[str], None]
 KINDS = ("create", "append", "overwrite")
+#: What a writer does when a backup exists: refuse, replace it, add to it, or finish an
+#: incomplete one (the writer's own, by its transaction id).
+WriteMode = Literal["error", "overwrite", "append", "resume"]
 
 
 @dataclass
@@ -313,7 +316,7 @@ class Transaction:
         manifest must stay as another tool writes it (oso-native) get ``_commits/N.done``.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, mode: str,
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, mode: WriteMode,
                  txn_id: str | None = None, fault: FaultHook | None = None, tag_manifest: bool = True) -> None:
         require_create_only(fs, url)
         self.tag_manifest = tag_manifest
