@@ -323,10 +323,8 @@ class KbsFileSystem(_Base):
     def _info_of(self, path: str, node: Node) -> dict[str, Any]:
         kind = node.kind
         if kind == "root":
-            d = self.backup.describe()
             refs = [r for parts in self.tree.values() for rs in parts.values() for r in rs]
-            info = {k: v for k, v in d.items() if k != "segments"}
-            info.update(summary(refs))
+            info = {**self.backup.describe().to_dict(), **summary(refs)}
             return {**info, "url": self.url, "name": "", "type": "directory", "size": 0, "kind": "backup",
                     "topics": len(self.tree), "partitions": sum(len(p) for p in self.tree.values())}
         if kind == "manifest":

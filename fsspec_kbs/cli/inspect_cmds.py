@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -27,6 +27,9 @@ from fsspec_kbs.cli.common import (
     warn_line,
 )
 from fsspec_kbs.errors import KbsError
+
+if TYPE_CHECKING:  # a type only: importing the store here would slow `kbs --help`
+    from fsspec_kbs.store.backup import BackupDescription
 
 #: ``kbs cat --binary`` choices (the encoders are in fsspec_kbs.arrow.jsonl; importing it here
 #: would make ``kbs --help`` import pyarrow).
@@ -54,9 +57,9 @@ def ls_cmd(root_url: str, storage_option: tuple, storage_options_json: str | Non
     out.print(table)
 
 
-def _partition_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
+def _partition_rows(info: BackupDescription) -> list[dict[str, Any]]:
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    for ref in info["segments"]:
+    for ref in info.segments:
         r = rows.setdefault((ref.topic, ref.partition), {
             "topic": ref.topic, "partition": ref.partition, "segments": 0, "records": 0,
             "first_offset": None, "last_offset": None, "min_ts": None, "max_ts": None, "bytes": 0})
@@ -74,8 +77,8 @@ def _partition_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows)]
 
 
-def _time_range(info: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    tr = info.get("time_range") or {}
+def _time_range(info: BackupDescription, rows: list[dict[str, Any]]) -> str:
+    tr = info.time_range or {}
     lo, hi = tr.get("earliest_timestamp"), tr.get("latest_timestamp")
     if lo is None or hi is None:
         los = [r["min_ts"] for r in rows if r["min_ts"] is not None]
@@ -96,8 +99,8 @@ def _fill_times(rows: list[dict[str, Any]], picture: Any) -> None:
             r["min_ts"], r["max_ts"], r["times_from"] = p.first_ts, p.last_ts, "records"
 
 
-def _compression(info: dict[str, Any]) -> str:
-    comp = info.get("compression") or {}
+def _compression(info: BackupDescription) -> str:
+    comp = info.compression or {}
     if not comp:
         return "not recorded"
     algo = comp.get("algorithm") or "not recorded"
@@ -168,7 +171,7 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
     except (KbsError, FileNotFoundError) as e:
         fail(e)
     rows = _partition_rows(info)
-    stats = info.get("statistics") or {}
+    stats = info.statistics or {}
     records = sum(r["records"] for r in rows)
     compressed = sum(r["bytes"] for r in rows)
     uncompressed = stats.get("uncompressed_bytes")
@@ -185,9 +188,9 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
         if picture is not None and picture.source == "records":
             _fill_times(rows, picture)
     if plot_path:
-        _plot(backup, backup_url, info["backup_id"], plot_path, bins or 200, exact)
+        _plot(backup, backup_url, info.backup_id, plot_path, bins or 200, exact)
     if as_json:
-        doc = {k: v for k, v in info.items() if k != "segments"}
+        doc = info.to_dict()
         doc["partitions"] = rows
         doc["records"] = records
         doc["compressed_bytes"] = compressed
@@ -206,21 +209,21 @@ def describe_cmd(backup_url: str, storage_option: tuple, storage_options_json: s
         else:
             for line in _activity_lines(picture, width):
                 out.print(line, overflow="fold")
-    for gap in info.get("gaps") or []:
+    for gap in info.gaps:
         warn_line(f"gap: {gap}")
 
 
-def _print_summary(info: dict, rows: list[dict], records: int, compressed: int, uncompressed: int | None,
+def _print_summary(info: BackupDescription, rows: list[dict], records: int, compressed: int, uncompressed: int | None,
                    ratio: float | None) -> None:
     """The backup's label: value lines."""
-    layout = f"{info.get('layout', 'kbs')} {info.get('version') or ''}".strip()
+    layout = f"{info.layout} {info.version or ''}".strip()
     for label, value in (
-        ("backup", info["backup_id"]),
-        ("url", info["url"]),
-        ("layout", layout + (", complete" if info["complete"] else ", [red]incomplete: no manifest.json[/]")),
-        ("created", f"{info.get('created_at') or 'not recorded'}"),
-        ("completed", f"{info.get('completed_at') or 'not recorded'}"),
-        ("source cluster", escape(_source_cluster(info.get("source_cluster")))),
+        ("backup", info.backup_id),
+        ("url", info.url),
+        ("layout", layout + (", complete" if info.complete else ", [red]incomplete: no manifest.json[/]")),
+        ("created", f"{info.created_at or 'not recorded'}"),
+        ("completed", f"{info.completed_at or 'not recorded'}"),
+        ("source cluster", escape(_source_cluster(info.source_cluster))),
         ("compression", escape(_compression(info))),
         ("contents", f"{len({r['topic'] for r in rows})} topic(s), {len(rows)} partition(s), "
                      f"{sum(r['segments'] for r in rows):,} segment(s), {records:,} records"),

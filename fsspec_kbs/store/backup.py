@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import fsspec
@@ -161,6 +161,34 @@ def read_manifest_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes | Non
     except FileNotFoundError:
         return None
 
+
+
+@dataclass(frozen=True)
+class BackupDescription:
+    """What ``kbs describe`` shows of a backup, the same for every layout.
+
+    ``compression`` is the manifest's object (``{"algorithm": ..., "level": ...}``),
+    ``source_cluster`` the cluster it was taken from, ``statistics`` and ``time_range`` the
+    manifest's claims (None where the layout records none), ``gaps`` what the OSO tool noted.
+    """
+
+    url: str
+    backup_id: str
+    layout: str
+    complete: bool
+    segments: list[SegmentRef]
+    version: str | None = None
+    created_at: str | None = None
+    completed_at: str | None = None
+    compression: dict[str, Any] | None = None
+    source_cluster: dict[str, Any] | None = None
+    statistics: dict[str, Any] | None = None
+    time_range: dict[str, Any] | None = None
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The description without its segments, as JSON-ready values (``kbs describe --json``)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "segments"}
 
 class KbsBackup:
     """A KBS backup directory: manifest plus segments, on any fsspec filesystem.
@@ -636,21 +664,12 @@ class KbsBackup:
                 f"header CRC-64 {header_crc} differs from the manifest's {ref.crc64} "
                 "(the segment was replaced after the manifest was written)", ref.path, 24)
 
-    def describe(self) -> dict[str, Any]:
-        """Summary numbers for ``kbs describe``."""
+    def describe(self) -> BackupDescription:
+        """What ``kbs describe`` shows."""
         m = self.manifest
         segs = self.segments()
-        return {
-            "url": self.url,
-            "backup_id": self.backup_id,
-            "layout": self.layout,
-            "complete": m is not None,
-            "version": m.version if m else None,
-            "created_at": m.created_at if m else None,
-            "completed_at": m.completed_at if m else None,
-            "compression": m.compression if m else None,
-            "source_cluster": m.source_cluster if m else None,
-            "statistics": m.statistics if m else None,
-            "time_range": m.time_range if m else None,
-            "segments": segs,
-        }
+        if m is None:
+            return BackupDescription(self.url, self.backup_id, self.layout, False, segs)
+        return BackupDescription(self.url, self.backup_id, self.layout, True, segs, version=m.version,
+                                 created_at=m.created_at, completed_at=m.completed_at, compression=m.compression,
+                                 source_cluster=m.source_cluster, statistics=m.statistics, time_range=m.time_range)

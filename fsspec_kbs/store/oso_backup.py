@@ -36,6 +36,7 @@ from fsspec_kbs.format.oso import (
     decode_segment,
 )
 from fsspec_kbs.store.backup import (
+    BackupDescription,
     Bounds,
     KbsBackup,
     SegmentRef,
@@ -334,27 +335,18 @@ class OsoBackup(KbsBackup):
         return [{"topic": t.name, "partition": p.partition_id, **msgspec.structs.asdict(g)}
                 for t in self.manifest.topics for p in t.partitions for g in p.gaps or []]
 
-    def describe(self) -> dict[str, Any]:
-        """Summary numbers for ``kbs describe`` (same keys as KBS, plus ``gaps``)."""
+    def describe(self) -> BackupDescription:
+        """What ``kbs describe`` shows; the manifest only knows each segment's first and last
+        record's timestamp, so no time range; the gaps the tool noted."""
         m = self.manifest
         segs = self.segments()
-        return {
-            "url": self.url,
-            "backup_id": self.backup_id,
-            "layout": self.layout,
-            "complete": self.complete,
-            "version": None,
-            "created_at": _iso(m.created_at) if m else None,
-            "completed_at": None,
-            "compression": {"algorithm": m.compression} if m else None,
-            "source_cluster": ({"cluster_id": m.source_cluster_id, "brokers": m.source_brokers or []}
-                               if m else None),
-            "statistics": m.statistics if m else None,
-            # The manifest only knows each segment's first and last record's timestamp: no bounds.
-            "time_range": None,
-            "gaps": self.gaps(),
-            "segments": segs,
-        }
+        if m is None:
+            return BackupDescription(self.url, self.backup_id, self.layout, False, segs, gaps=self.gaps())
+        return BackupDescription(
+            self.url, self.backup_id, self.layout, self.complete, segs, created_at=_iso(m.created_at),
+            compression={"algorithm": m.compression},
+            source_cluster={"cluster_id": m.source_cluster_id, "brokers": m.source_brokers or []},
+            statistics=m.statistics, gaps=self.gaps())
 
 
 def looks_like_oso_without_manifest(fs: fsspec.AbstractFileSystem, path: str) -> bool:

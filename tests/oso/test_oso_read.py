@@ -91,7 +91,7 @@ def test_describe_reports_gaps_and_ignores_unknown_fields(conformance: Path, tmp
     m["future_field"] = {"x": 1}
     (backup / "manifest.json").write_text(json.dumps(m))
     info = open_backup(str(backup)).describe()
-    assert info["gaps"] == [{"topic": "orders", "partition": 0, "start_offset": 0, "end_offset": 1,
+    assert info.gaps == [{"topic": "orders", "partition": 0, "start_offset": 0, "end_offset": 1,
                              "reason": "retention", "detected_at": 1761991200000}]
     res = CliRunner().invoke(cli, ["describe", str(backup)])
     assert res.exit_code == 0 and "retention" in res.output
