@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import queue
@@ -43,22 +42,6 @@ DECODE_THREADS = max(1, min(2, os.cpu_count() or 1))
 CHUNKS_AHEAD_PER_THREAD = 2
 _pool: _DecodePool | None = None
 _pool_lock = threading.Lock()
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def decode_threads(n: int) -> Iterator[None]:
-    """Within this block, on this thread, :meth:`SegmentReader.iter_columns` defaults to ``n`` threads.
-
-    For callers that reach the reader through another layer (``use_threads=False`` scans).
-    The value is read when an ``iter_columns`` generator starts.
-    """
-    old = getattr(_local, "threads", None)
-    _local.threads = n
-    try:
-        yield
-    finally:
-        _local.threads = old
 
 
 class _DecodePool:
@@ -116,8 +99,8 @@ if hasattr(os, "register_at_fork"):  # Unix
 
 
 def default_threads() -> int:
-    """Decoding threads for this thread's reads (see :func:`decode_threads`)."""
-    return getattr(_local, "threads", None) or DECODE_THREADS
+    """Decoding threads of a read that does not say (:data:`DECODE_THREADS`)."""
+    return DECODE_THREADS
 
 
 class _Raised:

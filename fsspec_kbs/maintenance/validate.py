@@ -82,7 +82,8 @@ DEEP_CHUNK_BYTES = 2 * 1024 * 1024
 def _deep_segment(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) -> None:
     # A matching CRC-64 covers every batch byte, but a writer may still have stored a wrong
     # CRC-32 under a right CRC-64: deep validation checks each batch's own checksum too.
-    for cols in backup.iter_columns(ref, batch_crc=True, max_chunk_bytes=DEEP_CHUNK_BYTES):
+    # Streamed or whole, every batch CRC-32 is checked as its batch is decoded.
+    for cols in backup.iter_columns(ref, max_chunk_bytes=DEEP_CHUNK_BYTES):
         check_header_keys(cols, ref.path)
         report.records_checked += len(cols)
     index = backup.batch_index(ref)

@@ -622,7 +622,7 @@ class KbsBackup:
                              partial=True)
 
     def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024, batch_crc: bool = False,
+                     max_chunk_bytes: int = 32 * 1024 * 1024,
                      views: bool = False, threads: int | None = None,
                      bounds: Bounds | None = None) -> Iterator[RecordColumns | ViewColumns]:
         """Decode one segment in chunks, cross-checked against what the manifest says of it.
@@ -633,9 +633,8 @@ class KbsBackup:
         Every batch CRC-32 is checked by the decoding thread just before its batch is decoded,
         which also computes the batch's share of the segment CRC-64; the CRC-64 is compared
         at the end, after the batches before it were yielded (``SegmentReader(crc64_last=True)``:
-        each byte is read from memory once). ``batch_crc`` is accepted for compatibility: the
-        CRC-32s are always checked. ``threads`` decode chunks at once (default: two, or what
-        :func:`~fsspec_kbs.format.segment.decode_threads` set). Segments of at least
+        each byte is read from memory once). ``threads`` decode chunks at once (default:
+        :data:`~fsspec_kbs.format.segment.DECODE_THREADS`). Segments of at least
         :attr:`stream_min_bytes` are also streamed (:meth:`open_chunks`). Any format error is re-diagnosed
         (:meth:`rediagnose`), so it does not depend on the order of the checks.
         """

@@ -11,7 +11,7 @@ import pytest
 
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import Codec, RecordColumns, SegmentReader, encode_batches, encode_segment
-from fsspec_kbs.format.segment import BATCH_HEADER_SIZE, FOOTER_SIZE, HEADER_SIZE, decode_threads
+from fsspec_kbs.format.segment import BATCH_HEADER_SIZE, FOOTER_SIZE, HEADER_SIZE
 from fsspec_kbs.store import BackupWriter
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.stream import SegmentStream
@@ -55,10 +55,10 @@ def _outcome(fn) -> tuple[str, str | None, int | None, str]:  # type: ignore[no-
     return "ok", None, None, repr(_records(out))
 
 
-def _read_backup(url: str, stream_min_bytes: int, chunk: int = 32 << 20) -> list[RecordColumns]:
+def _read_backup(url: str, stream_min_bytes: int, chunk: int = 32 << 20, threads: int | None = None) -> list[RecordColumns]:
     backup = open_backup(url)
     backup.stream_min_bytes = stream_min_bytes
-    return [c for ref in backup.segments() for c in backup.iter_columns(ref, max_chunk_bytes=chunk)]
+    return [c for ref in backup.segments() for c in backup.iter_columns(ref, max_chunk_bytes=chunk, threads=threads)]
 
 
 @pytest.mark.conformance
@@ -68,9 +68,8 @@ def test_conformance_vectors_streamed_equal_whole(conformance: Path, threads: in
     valid = sorted(conformance.glob("valid/*/backup-1"))
     assert valid
     for url in valid:
-        with decode_threads(threads):
-            streamed = _read_backup(str(url), STREAM_ALL, chunk)
-            whole = _read_backup(str(url), 2**62, chunk)
+        streamed = _read_backup(str(url), STREAM_ALL, chunk, threads)
+        whole = _read_backup(str(url), 2**62, chunk, threads)
         assert _records(streamed) == _records(whole)
         assert len(_records(streamed)) > 0
 
@@ -106,8 +105,7 @@ def test_backup_roundtrip_streamed(tmp_path: Path) -> None:
     backup = open_backup(url)
     assert len(backup.segments()) > 2
     for threads in (1, 2):
-        with decode_threads(threads):
-            assert _records(_read_backup(url, STREAM_ALL, 5000)) == cols.records()
+        assert _records(_read_backup(url, STREAM_ALL, 5000, threads)) == cols.records()
 
 
 @pytest.mark.conformance
