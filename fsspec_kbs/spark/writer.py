@@ -39,13 +39,13 @@ from fsspec_kbs.errors import (
     PartialWriteError,
     UnsupportedLayoutError,
 )
-from fsspec_kbs.format import SegmentStats
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.store import BackupWriter, open_backup
 from fsspec_kbs.store.commit import put_atomic
 from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, check_backup_id
 from fsspec_kbs.store.staging import SegmentAdopter
 from fsspec_kbs.store.txn import FaultHook
+from fsspec_kbs.store.writer import WrittenSegment
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -55,25 +55,10 @@ STAGING_DIR = "_staging"
 MARKER_TTL_S = 24 * 3600
 
 
-@dataclass(frozen=True)
-class StagedSegment:
-    """A segment a task staged, with the CRC-32 of the batch index staged beside it."""
-
-    topic: str
-    partition: int
-    seq: int
-    path: str
-    stats: SegmentStats
-    index_crc32: int | None = None
-
-    def adopt(self, adopter: SegmentAdopter) -> None:
-        """Make it the partition's next segment (with its index) at the adopter's commit."""
-        adopter.adopt_segment(self.topic, self.partition, self.path, self.stats, self.index_crc32)
-
-
 @dataclass
 class KbsCommitMessage(WriterCommitMessage):
-    """What one task staged: its segments, in the order it wrote them.
+    """What one task staged: its segments (each with the batch index beside it), in the order
+    it wrote them.
 
     ``assigned`` lists ``"topic/partition"`` keys whose offsets the task numbered itself
     (the input had no offsets); the driver may shift those to follow earlier tasks.
@@ -81,7 +66,7 @@ class KbsCommitMessage(WriterCommitMessage):
 
     task_index: int
     task_id: str
-    segments: list[StagedSegment] = field(default_factory=list)
+    segments: list[WrittenSegment] = field(default_factory=list)
     assigned: list[str] = field(default_factory=list)
     records: int = 0
 
@@ -185,8 +170,7 @@ class KbsWriter(DataSourceArrowWriter):
             # may have run before these files existed, so this task removes its own.
             self._discard(staged)
             raise PartialWriteError(f"write to {o.path} was aborted while task {task_index} ran")
-        segments = [StagedSegment(w.topic, w.partition, w.seq, w.path, w.stats, w.index_crc32)
-                    for w in staged.written_segments]
+        segments = list(staged.written_segments)
         return KbsCommitMessage(task_index, task_id, segments, sorted(assigned), records)
 
     def _offsets(self, part: pa.RecordBatch, k: str, next_offset: dict[str, int], assigned: set[str],
@@ -236,7 +220,7 @@ class KbsWriter(DataSourceArrowWriter):
                     continue
                 for _, seg in items:
                     # Raises OffsetOrderError when an append would make offsets go backwards.
-                    seg.adopt(adopter)
+                    _adopt(adopter, seg)
             try:
                 adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
             finally:
@@ -253,7 +237,7 @@ class KbsWriter(DataSourceArrowWriter):
         self._remove_staging()
 
     def _commit_assigned(self, adopter: SegmentAdopter, topic: str, partition: int,
-                         items: list[tuple[KbsCommitMessage, StagedSegment]]) -> None:
+                         items: list[tuple[KbsCommitMessage, WrittenSegment]]) -> None:
         """Offsets numbered by the tasks: each task's records follow the previous task's, in task order."""
         next_offset = adopter.last_offset(topic, partition) + 1
         shift = None
@@ -262,7 +246,7 @@ class KbsWriter(DataSourceArrowWriter):
             if m is not task:
                 task, shift = m, next_offset - seg.stats.first_offset
             if shift == 0:
-                seg.adopt(adopter)
+                _adopt(adopter, seg)
             else:
                 adopter.rewrite_segment(topic, partition, seg.path, shift)  # type: ignore[arg-type]
             next_offset = seg.stats.last_offset + shift + 1  # type: ignore[operator]
@@ -330,13 +314,13 @@ def _aborted_at(fs: AbstractFileSystem, marker: str) -> float:
         return 0.0
 
 
-def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, StagedSegment]]]]:
+def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, list[tuple[KbsCommitMessage, WrittenSegment]]]]:
     """Staged segments per (topic, partition), in the order they will be published.
 
     Segments whose offsets the tasks numbered stay in task order (they are shifted at commit);
     segments with given offsets are sorted by offset and must not overlap.
     """
-    by_key: dict[tuple[str, int], list[tuple[KbsCommitMessage, StagedSegment]]] = {}
+    by_key: dict[tuple[str, int], list[tuple[KbsCommitMessage, WrittenSegment]]] = {}
     for m in msgs:
         for seg in sorted(m.segments, key=lambda s: s.seq):
             by_key.setdefault((seg.topic, seg.partition), []).append((m, seg))
@@ -360,3 +344,6 @@ def _plan(msgs: list[KbsCommitMessage]) -> list[tuple[tuple[str, int], bool, lis
     return plan
 
 
+def _adopt(adopter: SegmentAdopter, seg: WrittenSegment) -> None:
+    """Make a task's staged segment the partition's next one, with its batch index."""
+    adopter.adopt_segment(seg.topic, seg.partition, seg.path, seg.stats, seg.index_crc32)
