@@ -24,12 +24,10 @@ from dataclasses import dataclass, field, replace
 from fsspec_kbs.errors import (
     BatchIndexError,
     CommitConflictError,
-    ManifestMismatchError,
     UnsupportedLayoutError,
 )
 from fsspec_kbs.format.batch_index import (
     encode_index,
-    index_from_segment,
     parse_index,
     verify_index,
 )
@@ -138,20 +136,7 @@ def _commit_of(backup: KbsBackup) -> int:
 
 def _index_one(backup: KbsBackup, ref: SegmentRef, txn: Transaction) -> tuple[_Indexed, str]:
     """Read ``ref`` whole and checked; keep its index if good, else stage a new one."""
-    reader = backup.open_segment(ref, batch_crc=True)
-    entries = index_from_segment(reader)  # decodes every batch: all checks of a full read
-    mn = int(entries["min_timestamp"].min()) if len(entries) else None
-    mx = int(entries["max_timestamp"].max()) if len(entries) else None
-    h = reader.header
-    facts = (("first offset", ref.first_offset, h.first_offset), ("last offset", ref.last_offset, reader.footer.last_offset),
-             ("records", ref.records, h.record_count), ("min timestamp", ref.min_timestamp, mn),
-             ("max timestamp", ref.max_timestamp, mx))
-    for what, claim, found in facts:
-        if claim is not None and claim != found:
-            raise ManifestMismatchError(f"the manifest says {what} {claim} for {ref.name} but the segment holds "
-                                        f"{found}; no index was written (run kbs validate)", ref.path)
-    entry = SegmentEntry(ref.name, h.first_offset, reader.footer.last_offset, h.record_count, mn, mx,
-                         len(reader.data), h.checksum)
+    reader, entries, entry = backup.read_whole_checked(ref)  # a disagreeing segment stops the run
     action = "indexed"
     if ref.index_crc32 is not None:
         why = _existing_problem(backup, ref, reader)

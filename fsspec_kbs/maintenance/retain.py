@@ -19,7 +19,7 @@ replaced) or the whole retained one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
@@ -27,8 +27,7 @@ from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import IncompleteBackupError, UnsupportedLayoutError
 from fsspec_kbs.filters import to_millis
-from fsspec_kbs.format import SegmentReader
-from fsspec_kbs.format.batch_index import encode_index, index_from_segment
+from fsspec_kbs.format.batch_index import encode_index
 from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.maintenance.units import parse_duration, parse_size
 from fsspec_kbs.store.backup import KbsBackup, SegmentRef
@@ -219,8 +218,10 @@ class _Copy:
     def segment(self, ref: SegmentRef, seq: int) -> SegmentEntry:
         """Stage ``ref`` as segment ``seq`` of its partition; its manifest entry."""
         txn, topic, partition = self.txn, ref.topic, ref.partition
-        data = self.backup.read_segment_bytes(ref)
-        reader = SegmentReader(data, ref.path, verify_checksums=True)
+        # Checked against the source manifest: a replaced segment stops the run, never lands
+        # in a clean-looking copy.
+        reader, stamps, entry = self.backup.read_whole_checked(ref)
+        data = reader.data
         self.uncompressed += sum(b.uncompressed_size for b in reader.batches())
         staged = f"{partition_dir(txn.staging, topic, partition)}/{segment_name(seq)}"
         put_file(self.fs, staged, data)
@@ -228,16 +229,11 @@ class _Copy:
         self.moves.append(Move(txn.relative(staged), txn.relative(final), len(data), reader.header.checksum))
         # The batch index (kbs-format.md §7) is rebuilt from the segment, which is read whole and
         # checked anyway: a damaged or missing source index is not carried over.
-        stamps = index_from_segment(reader)
         index = encode_index(stamps)
         put_file(self.fs, index_path(staged), index)
         self.moves.append(Move(txn.relative(index_path(staged)), txn.relative(index_path(final)), len(index),
                                crc32=crc32(index)))
-        mn = int(stamps["min_timestamp"].min()) if len(stamps) else None
-        mx = int(stamps["max_timestamp"].max()) if len(stamps) else None
-        return SegmentEntry(segment_name(seq), reader.header.first_offset, reader.footer.last_offset,
-                            reader.header.record_count, mn, mx, len(data), reader.header.checksum,
-                            index_crc32=crc32(index))
+        return replace(entry, file=segment_name(seq), index_crc32=crc32(index))
 
 
 def _manifest(backup: KbsBackup, backup_id: str, topics: dict[str, list[PartitionEntry]], uncompressed: int,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import fsspec
+import numpy as np
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
@@ -29,12 +30,12 @@ from fsspec_kbs.format import (
     SegmentReader,
     ViewColumns,
 )
-from fsspec_kbs.format.batch_index import BatchIndex
+from fsspec_kbs.format.batch_index import BatchIndex, index_from_segment
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES
 from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
 from fsspec_kbs.store.commit import COMMITS_DIR, manifest_commit, record_path
 from fsspec_kbs.store.listing import topic_tree_entries
-from fsspec_kbs.store.manifest import Manifest
+from fsspec_kbs.store.manifest import Manifest, SegmentEntry
 from fsspec_kbs.store.names import (
     MANIFEST,
     TOPICS_DIR,
@@ -543,6 +544,29 @@ class KbsBackup:
         reader = SegmentReader(self.read_segment(ref), ref.path, verify_checksums, batch_crc=batch_crc)
         self._check_crc64(ref, reader.header.checksum)
         return reader
+
+    def read_whole_checked(self, ref: SegmentRef) -> tuple[SegmentReader, np.ndarray, SegmentEntry]:
+        """Read ``ref`` whole with every check a full read makes (CRC-64 against the manifest,
+        every batch CRC-32, every record decoded) and compare what it holds with the manifest's
+        entry; returns the reader, its batch index entries (kbs-format.md §7) and the entry the
+        segment itself gives (without ``index_crc32``). For jobs that rewrite a backup from its
+        segments (``kbs index``, retain): a segment the manifest does not describe is an error,
+        never copied into a clean-looking backup."""
+        reader = self.open_segment(ref, batch_crc=True)
+        entries = index_from_segment(reader)  # decodes every batch
+        mn = int(entries["min_timestamp"].min()) if len(entries) else None
+        mx = int(entries["max_timestamp"].max()) if len(entries) else None
+        h, f = reader.header, reader.footer
+        for what, claim, found in (("first offset", ref.first_offset, h.first_offset),
+                                   ("last offset", ref.last_offset, f.last_offset),
+                                   ("records", ref.records, h.record_count), ("min timestamp", ref.min_timestamp, mn),
+                                   ("max timestamp", ref.max_timestamp, mx)):
+            if claim is not None and claim != found:
+                raise ManifestMismatchError(f"the manifest says {what} {claim} for {ref.name} but the segment "
+                                            f"holds {found} (run kbs validate)", ref.path)
+        entry = SegmentEntry(ref.name, h.first_offset, f.last_offset, h.record_count, mn, mx, len(reader.data),
+                             h.checksum)
+        return reader, entries, entry
 
     #: Segments at least this large are streamed (:class:`~fsspec_kbs.store.stream.SegmentStream`)
     #: instead of read whole; set on an instance (or the class) to change it.

@@ -136,3 +136,30 @@ def test_units() -> None:
             parse_duration(bad)
     with pytest.raises(ValueError):
         parse_size("10 parsecs")
+
+
+def test_retain_refuses_a_segment_the_manifest_does_not_describe(tmp_path: Path) -> None:
+    """A segment replaced by another backup's (same size, valid CRCs) must stop retain, not be
+    copied into a clean-looking backup."""
+    import shutil
+
+    import fsspec_kbs
+    from fsspec_kbs.errors import SegmentFormatError
+    from fsspec_kbs.format import RecordColumns
+    from fsspec_kbs.maintenance import retain_backup
+    from fsspec_kbs.store import BackupWriter
+
+    def make(url: str, base: int) -> None:
+        w = BackupWriter(url, compression="none")
+        w.write_columns("t", 0, RecordColumns.from_records([
+            dict(offset=base + i, timestamp=1000 + i, key=b"k", value=b"v%02d" % i, headers=[]) for i in range(10)]))
+        w.commit()
+
+    make(str(tmp_path / "a"), 0)
+    make(str(tmp_path / "b"), 100)
+    shutil.copy(tmp_path / "b/topics/t/0/segment-00000000.kbs", tmp_path / "a/topics/t/0/segment-00000000.kbs")
+    with pytest.raises(SegmentFormatError):
+        fsspec_kbs.read_table(str(tmp_path / "a"))
+    with pytest.raises(SegmentFormatError):
+        retain_backup(str(tmp_path / "a"), str(tmp_path / "c"), max_bytes=10**9)
+    assert not (tmp_path / "c" / "manifest.json").exists()
