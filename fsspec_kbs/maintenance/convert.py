@@ -19,6 +19,7 @@ from fsspec.utils import get_protocol
 
 from fsspec_kbs.arrow.convert import check_header_keys
 from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
+from fsspec_kbs.store.commit import COMMIT_FIELD
 from fsspec_kbs.store.oso_writer import OSO_SEGMENT_MAX_BYTES, OsoBackupWriter
 
 LAYOUTS = ("kbs", "oso")
@@ -130,9 +131,12 @@ def _copy(src: KbsBackup, refs: list[SegmentRef], writer: BackupWriter | OsoBack
 
 
 def _provenance(src: KbsBackup) -> dict[str, Any]:
-    """What a KBS copy of an OSO backup records of its source (and the gaps the tool noted)."""
+    """The manifest fields a KBS copy carries over: a KBS source's own (kbs-format.md §3: tools
+    that rewrite a manifest keep fields they do not know, e.g. streaming sinks' batch records),
+    or for an OSO source where it came from and the gaps the tool noted."""
     if src.layout != "oso":
-        return {}
+        extra = src.manifest.extra if src.manifest is not None else {}
+        return {k: v for k, v in extra.items() if k != COMMIT_FIELD}
     extra: dict[str, Any] = {"converted_from": {"layout": "oso", "backup_id": src.backup_id}}
     gaps = src.gaps()  # type: ignore[attr-defined]
     if gaps:

@@ -252,6 +252,17 @@ def stream_batch(manifest: Any, query_id: str) -> int:
     return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 0 else -1
 
 
+def merge_streams(a: Any, b: Any) -> dict:
+    """Two ``streams`` records as one: per query, the later batch. A copy appended into a
+    backup that streams write too (compaction, convert) must not roll a query back (a replayed
+    micro-batch would then be written twice) nor drop one."""
+    out = dict(a) if isinstance(a, dict) else {}
+    for query, entry in (b.items() if isinstance(b, dict) else ()):
+        if stream_batch({STREAMS_FIELD: {query: entry}}, query) >= stream_batch({STREAMS_FIELD: out}, query):
+            out[query] = entry
+    return out
+
+
 def with_stream_batch(extra: dict, query_id: str, batch: int, txn: str, at: str) -> dict:
     """``extra`` (a manifest's extra fields) recording micro-batch ``batch`` of ``query_id``;
     the other queries' entries are kept."""

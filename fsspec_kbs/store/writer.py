@@ -36,7 +36,13 @@ from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
 from fsspec_kbs.store.backup import KbsBackup, resolve
 from fsspec_kbs.store.batch_index import index_path
-from fsspec_kbs.store.commit import COMMIT_FIELD, put_file, remove_files
+from fsspec_kbs.store.commit import (
+    COMMIT_FIELD,
+    STREAMS_FIELD,
+    merge_streams,
+    put_file,
+    remove_files,
+)
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
@@ -536,7 +542,10 @@ class BackupWriter:
                 TopicEntry(name, parts, extra=base_topics[name].extra if name in base_topics else {})
                 for name, parts in sorted(topics.items())
             ],
-            extra={**base_extra, **(extra or {})},
+            extra={**base_extra, **(extra or {}),
+                   # Per streaming query the later micro-batch (a copy appended must not roll one back).
+                   **({STREAMS_FIELD: merge_streams(base_extra[STREAMS_FIELD], extra[STREAMS_FIELD])}
+                      if extra and STREAMS_FIELD in extra and STREAMS_FIELD in base_extra else {})},
         )
         return manifest, moves
 

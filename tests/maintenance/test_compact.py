@@ -150,3 +150,30 @@ def test_compact_oso_native_backup(conformance: Path, tmp_path: Path) -> None:
     assert table_rows(read_table(dst)) == want
     with pytest.raises(KbsError, match="convert"):
         retain_backup(str(src), str(tmp_path / "b" / "r"), max_age="1d")
+
+
+def test_copies_keep_streaming_records_without_rolling_a_query_back(tmp_path: Path) -> None:
+    """Compaction appended into a backup a streaming sink also writes keeps, per query, the later
+    micro-batch; convert carries the record (kbs-format.md §3: unknown fields are kept)."""
+    import json
+
+    from fsspec_kbs.maintenance import compact_backup
+    from fsspec_kbs.maintenance.convert import convert_backup
+    from fsspec_kbs.store import BackupWriter
+    from fsspec_kbs.store.commit import STREAMS_FIELD
+
+    def make(url: str, topic: str, streams: dict) -> None:
+        w = BackupWriter(url)
+        w.write_columns(topic, 0, RecordColumns.from_records([
+            dict(offset=i, timestamp=1000 + i, key=b"k%d" % i, value=b"v", headers=[]) for i in range(5)]))
+        w.commit(extra={STREAMS_FIELD: streams})
+
+    def streams(url: Path) -> dict:
+        return {q: e["batch"] for q, e in json.loads((url / "manifest.json").read_text())[STREAMS_FIELD].items()}
+
+    make(str(tmp_path / "src"), "a", {"q1": {"batch": 5}, "q3": {"batch": 2}})
+    make(str(tmp_path / "dst"), "b", {"q1": {"batch": 7}, "q2": {"batch": 1}})
+    compact_backup(str(tmp_path / "src"), str(tmp_path / "dst"), mode="append")
+    assert streams(tmp_path / "dst") == {"q1": 7, "q2": 1, "q3": 2}
+    convert_backup(str(tmp_path / "src"), str(tmp_path / "copy"))
+    assert streams(tmp_path / "copy") == {"q1": 5, "q3": 2}
