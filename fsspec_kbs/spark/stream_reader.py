@@ -283,7 +283,13 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
         begin = _from_json(start)
-        latest = self._latest_now()
+        latest = now = self._latest_now()
+        # A partition the stream was reading that the backup no longer has (as the Kafka source
+        # reports a deleted partition): data loss, then it is dropped from the offsets.
+        for k in sorted(k for k in begin if k not in now):
+            self._data_loss(f"partition {k[0]}/{k[1]} is no longer in the backup (the stream had read it up to "
+                            f"offset {begin[k]})")
+        begin = {k: v for k, v in begin.items() if k in now}
         if self._target is not None:
             latest = {k: min(v, self._target[k]) for k, v in latest.items() if k in self._target}
         self._latest = latest
@@ -295,8 +301,7 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end.update(latest)
         if isinstance(limit, ReadMaxRows):
             end.update(rate_limit(begin, latest, limit.max_rows))
-        # A partition that went backwards is reported by partitions(); one that vanished keeps
-        # its offset (and is reported there too).
+        # A partition that went backwards is reported by partitions().
         return _to_json(end)
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802

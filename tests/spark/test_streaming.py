@@ -206,6 +206,11 @@ def test_source_fail_on_data_loss(spark, tmp_path: Path) -> None:  # type: ignor
     # A starting offset below what the backup holds is data loss as well.
     with pytest.raises(Exception, match="no longer in the backup"):
         _run(spark, url, tmp_path / "ckpt-2", startingOffsets='{"t": {"0": 3, "1": 30}}')
+    # A partition the stream was reading that vanished (the backup replaced by one without it).
+    (spark.range(100, 120).selectExpr("cast(id as string) as value", "'t' as topic", "0 as partition", "id as offset")
+     .coalesce(1).write.format("kbs").mode("overwrite").save(url))
+    with pytest.raises(Exception, match="partition t/1 is no longer in the backup"):
+        _run(spark, url, ckpt, startingOffsets="earliest")
 
 
 def test_stream_options() -> None:
