@@ -220,32 +220,40 @@ class _Sender:
                     for h, o, t in zip(hdrs, c.offsets, c.timestamps, strict=True)]
         produce, poll = self.producer.produce, self.producer.poll
         start = 0
-        for stop in [*sorted(markers), n]:
-            for v, k, t, h in zip(c.values[start:stop], c.keys[start:stop], c.timestamps[start:stop],
-                                  hdrs[start:stop], strict=True):
-                while True:
-                    try:
-                        produce(dst, v, k, part, timestamp=t, headers=h)
-                        break
-                    except BufferError:  # the producer's queue is full: let it drain
-                        poll(0.05)
-            if stop < n:
-                while True:
-                    try:
-                        produce(dst, c.values[stop], c.keys[stop], part, timestamp=c.timestamps[stop],
-                                headers=hdrs[stop], on_delivery=markers[stop])
-                        break
-                    except BufferError:
-                        poll(0.05)
-            start = stop + 1
+        i = -1  # the record being handed to produce(): those before it are in the producer
+        try:
+            for stop in [*sorted(markers), n]:
+                for i, v, k, t, h in zip(range(start, stop), c.values[start:stop],  # noqa: B007 - read after a raise
+                                         c.keys[start:stop], c.timestamps[start:stop], hdrs[start:stop], strict=True):
+                    while True:
+                        try:
+                            produce(dst, v, k, part, timestamp=t, headers=h)
+                            break
+                        except BufferError:  # the producer's queue is full: let it drain
+                            poll(0.05)
+                if stop < n:
+                    i = stop
+                    while True:
+                        try:
+                            produce(dst, c.values[stop], c.keys[stop], part, timestamp=c.timestamps[stop],
+                                    headers=hdrs[stop], on_delivery=markers[stop])
+                            break
+                        except BufferError:
+                            poll(0.05)
+                start = stop + 1
+            i = n
+        finally:
+            # What was handed over, also when produce() raised part-way (e.g. a record above
+            # message.max.bytes): the stop report must name exactly those records.
+            if i > 0:
+                first = self.sent.get(c.src, (c.offsets[0], 0))[0]
+                self.sent[c.src] = (first, c.offsets[i - 1])
+                self.records += i
+                self.bytes += c.nbytes if i == n else c.nbytes * i // n
         now = time.monotonic()
         if now - self.polled > 0.2:  # serve failure reports now and then (each poll waits for the GIL)
             poll(0)
             self.polled = now
-        first = self.sent.get(c.src, (c.offsets[0], 0))[0]
-        self.sent[c.src] = (first, c.offsets[-1])
-        self.records += n
-        self.bytes += c.nbytes
 
     def incomplete(self, cause: str, unacknowledged: int) -> RestoreIncompleteError:
         """What reached the target, once the producer was flushed."""

@@ -276,6 +276,8 @@ class BackupWriter:
         self._queued_bytes = 0
         self._written: list[WrittenSegment] = []
         self._closed = False
+        #: The error that broke this writer: records it took may be lost, so it commits nothing.
+        self._failed: BaseException | None = None
         self._base_cache: tuple[int, dict[tuple[str, int], list[SegmentEntry]]] | None = None
         self._txn: Transaction | None = None
         if stage_only:
@@ -390,6 +392,17 @@ class BackupWriter:
         n = len(cols)
         if n == 0:
             return
+        try:
+            self._write_columns(topic, partition, cols)
+        except BaseException as e:
+            # Batches of this call may be queued, compressed or lost: committing now could
+            # publish a partition with a hole in it. Only abort() remains.
+            if not isinstance(e, OffsetOrderError):  # refused before anything was queued
+                self._failed = e
+            raise
+
+    def _write_columns(self, topic: str, partition: int, cols: RecordColumns) -> None:
+        n = len(cols)
         key = (topic, partition)
         part = self._parts.setdefault(key, _Partition())
         offsets = cols.offsets
@@ -403,6 +416,9 @@ class BackupWriter:
             encoders = plan_encode(cols.slice(start, stop), self.batch_max_bytes)
             share = int(per_record * (stop - start) / max(1, len(encoders)))
             for encode in encoders:
+                # Within one call too, no more than compress_ahead_bytes of input stay queued
+                # (drained before queueing: the last batch queued may still be marked to roll).
+                self._drain(self.compress_ahead_bytes)
                 self._submit(key, encode, share)
             part.queued_records += stop - start
             if self.segment_max_records is not None and part.queued_records >= self.segment_max_records:
@@ -452,9 +468,14 @@ class BackupWriter:
 
     def flush(self) -> None:
         """Write every pending segment now (e.g. before a checkpoint)."""
-        self._drain(0)
-        for key in list(self._parts):
-            self._flush_partition(*key)
+        self._check_open()
+        try:
+            self._drain(0)
+            for key in list(self._parts):
+                self._flush_partition(*key)
+        except BaseException as e:
+            self._failed = e
+            raise
 
     def _flush_partition(self, topic: str, partition: int) -> None:
         part = self._parts[(topic, partition)]
@@ -591,6 +612,9 @@ class BackupWriter:
                                    for p in (w.path, *([w.index_path] if w.index_crc32 is not None else []))])
 
     def _check_open(self) -> None:
+        if self._failed is not None:
+            raise KbsError(f"this BackupWriter failed earlier ({type(self._failed).__name__}: {self._failed}); "
+                           "what it took may be incomplete, so it cannot commit: abort() it and write again")
         if self._closed:
             raise KbsError("this BackupWriter was already committed or aborted")
 

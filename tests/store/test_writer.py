@@ -213,3 +213,38 @@ def test_ordered_map_keeps_order_and_bounds_work_ahead() -> None:
         with pytest.raises(ValueError, match="batch 7"):
             next(it)
     assert max(started) < 7 + 4 + 1  # nothing far past the failure was started
+
+
+def test_a_failed_compression_breaks_the_writer_instead_of_leaving_a_hole(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A batch lost to an error must never be committed around: the writer refuses to commit
+    (and to take more records) until it is aborted."""
+    import fsspec_kbs.store.writer as writer_mod
+    from fsspec_kbs.errors import KbsError
+    from fsspec_kbs.format import RecordColumns
+
+    real, calls = writer_mod.compress_batch, {"n": 0}
+
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError("injected")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer_mod, "compress_batch", flaky)
+    for codec, threads in (("none", 1), ("zstd", 2)):
+        calls["n"] = 0
+        w = writer_mod.BackupWriter(str(tmp_path / codec), compression=codec, compress_threads=threads)
+        raised = False
+        for i in range(4):
+            recs = [dict(offset=10 * i + j, timestamp=1, key=b"k", value=b"v" * 10, headers=[]) for j in range(10)]
+            try:
+                w.write_columns("t", 0, RecordColumns.from_records(recs))
+            except (MemoryError, KbsError):
+                raised = True
+        with pytest.raises((MemoryError, KbsError)):
+            w.commit()
+        assert raised or calls["n"] >= 2
+        with pytest.raises(KbsError, match="failed earlier"):
+            w.commit()
+        w.abort()
+        assert not (tmp_path / codec / "manifest.json").exists()
