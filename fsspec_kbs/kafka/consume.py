@@ -101,11 +101,20 @@ def columns_of_messages(msgs: list[Any], offsets: np.ndarray) -> RecordColumns:
     """RecordColumns of consumed messages (one partition, increasing ``offsets``), field by field
     with C-level ``map`` calls: no Python work per record beyond what the columns need."""
     _, _, _, _, key, value, headers, timestamp = _message_methods()
-    koffs, kdata, kvalid = _pack(list(map(key, msgs)))
-    voffs, vdata, vvalid = _pack(list(map(value, msgs)))
-    n = len(msgs)
-    ts = np.fromiter(map(itemgetter(1), map(timestamp, msgs)), dtype=np.int64, count=n)
-    hdrs = list(map(headers, msgs))
+    return columns_of_fields(offsets, list(map(key, msgs)), list(map(value, msgs)),
+                             np.fromiter(map(itemgetter(1), map(timestamp, msgs)), dtype=np.int64,
+                                         count=len(msgs)),
+                             list(map(headers, msgs)))
+
+
+def columns_of_fields(offsets: np.ndarray, keys: list[bytes | None], values: list[bytes | None],
+                      timestamps: np.ndarray, hdrs: list[list | None]) -> RecordColumns:
+    """RecordColumns of records given field by field (what :func:`columns_of_messages` reads
+    from the messages); the arrays have the types, and so the compiled kernels' signatures,
+    of a backup's columns."""
+    koffs, kdata, kvalid = _pack(keys)
+    voffs, vdata, vvalid = _pack(values)
+    n = len(keys)
     hoffs = np.zeros(n + 1, dtype=np.int32)
     flat: list = []
     if hdrs.count(None) != n:
@@ -115,7 +124,7 @@ def columns_of_messages(msgs: list[Any], offsets: np.ndarray) -> RecordColumns:
     hkoffs, hkdata, _ = _pack([k.encode("utf-8") if isinstance(k, str) else bytes(k) for k, _ in flat])
     hvoffs, hvdata, hvvalid = _pack([v if v is None or isinstance(v, bytes) else bytes(v) for _, v in flat])
     return RecordColumns(
-        offsets=offsets, timestamps=ts,
+        offsets=offsets, timestamps=timestamps,
         key_offsets=koffs, key_data=kdata, key_valid=kvalid,
         value_offsets=voffs, value_data=vdata, value_valid=vvalid,
         header_offsets=hoffs, header_key_offsets=hkoffs, header_key_data=hkdata,
