@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from operator import is_not, itemgetter
 from typing import Any
 
@@ -81,11 +81,15 @@ def _message_methods() -> tuple[Callable, ...]:
 
 def _pack(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(values)
-    valid = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=n)
-    present = values if bool(valid.all()) else [v for v in values if v is not None]
+    nulls = values.count(None)  # identity comparisons in C; usually none
+    if nulls:
+        valid = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=n)
+        present = [v for v in values if v is not None]
+    else:
+        valid, present = np.ones(n, dtype=np.bool_), values
     lens = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
     offs = np.zeros(n + 1, dtype=np.int64)
-    if len(present) == n:
+    if not nulls:
         np.cumsum(lens, out=offs[1:])
     else:
         full = np.zeros(n, dtype=np.int64)
@@ -110,19 +114,27 @@ def columns_of_messages(msgs: list[Any], offsets: np.ndarray) -> RecordColumns:
 def columns_of_fields(offsets: np.ndarray, keys: list[bytes | None], values: list[bytes | None],
                       timestamps: np.ndarray, hdrs: list[list | None]) -> RecordColumns:
     """RecordColumns of records given field by field (what :func:`columns_of_messages` reads
-    from the messages); the arrays have the types, and so the compiled kernels' signatures,
-    of a backup's columns."""
+    from the messages), in C-level maps; the arrays have the types, and so the compiled
+    kernels' signatures, of a backup's columns."""
     koffs, kdata, kvalid = _pack(keys)
     voffs, vdata, vvalid = _pack(values)
     n = len(keys)
     hoffs = np.zeros(n + 1, dtype=np.int32)
     flat: list = []
     if hdrs.count(None) != n:
-        counts = np.fromiter((len(h) if h else 0 for h in hdrs), dtype=np.int64, count=n)
+        has = np.fromiter(map(bool, hdrs), dtype=np.bool_, count=n)  # None and [] alike: no headers
+        with_h = list(filter(None, hdrs))
+        counts = np.zeros(n, dtype=np.int64)
+        counts[has] = np.fromiter(map(len, with_h), dtype=np.int64, count=len(with_h))
         np.cumsum(counts, out=hoffs[1:], dtype=np.int32)
-        flat = [kv for h in hdrs if h for kv in h]
-    hkoffs, hkdata, _ = _pack([k.encode("utf-8") if isinstance(k, str) else bytes(k) for k, _ in flat])
-    hvoffs, hvdata, hvvalid = _pack([v if v is None or isinstance(v, bytes) else bytes(v) for _, v in flat])
+        flat = list(chain.from_iterable(with_h))
+    hkeys = list(map(itemgetter(0), flat))
+    try:
+        hkb = list(map(str.encode, hkeys))  # confluent-kafka gives str keys: UTF-8
+    except TypeError:
+        hkb = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in hkeys]
+    hkoffs, hkdata, _ = _pack(hkb)
+    hvoffs, hvdata, hvvalid = _pack(list(map(itemgetter(1), flat)))  # bytes or None
     return RecordColumns(
         offsets=offsets, timestamps=timestamps,
         key_offsets=koffs, key_data=kdata, key_valid=kvalid,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.kafka.backup import HANDOFF_CHUNKS, _WritingThread
+from fsspec_kbs.kafka.consume import columns_of_fields
 from fsspec_kbs.kafka.produce import _produce_run, chunk_of_columns
 
 
@@ -86,3 +88,16 @@ def test_writing_thread_error_reaches_the_consuming_thread():
     w.close(False)
     assert not w.thread.is_alive()
     assert threading.active_count() >= 1
+
+
+def test_columns_of_fields_hold_the_consumed_fields_exactly():
+    recs = [{"offset": 10 + i, "timestamp": 1000 + i, "key": None if i % 5 == 0 else b"k%d" % i,
+             "value": None if i % 7 == 0 else b"v" * i,
+             "headers": [("h\u00e9", None), ("a", b"x")] if i % 3 == 0 else []} for i in range(50)]
+    hdrs = [r["headers"] if i % 2 else (r["headers"] or None) for i, r in enumerate(recs)]  # [] and None alike
+    got = columns_of_fields(np.array([r["offset"] for r in recs], dtype=np.int64), [r["key"] for r in recs],
+                            [r["value"] for r in recs], np.array([r["timestamp"] for r in recs], dtype=np.int64),
+                            hdrs)
+    want = RecordColumns.from_records(recs)
+    for f in dataclasses.fields(want):
+        assert np.array_equal(getattr(got, f.name), getattr(want, f.name)), f.name
