@@ -98,6 +98,19 @@ _FORCED_CONSUMER_CONF = {
 }
 
 
+def consumer_tuning(memory: BackupMemory) -> dict[str, Any]:
+    """The fetch settings of a backup's consumer (``-X`` overrides them): a small queue refilled
+    by small fetches right away (librdkafka waits a second by default once the queue is full):
+    bounded memory, and faster than one big queue."""
+    queue = memory.fetch_queue_bytes
+    return {
+        "queued.max.messages.kbytes": max(1, queue // 1024),
+        "fetch.queue.backoff.ms": 5,
+        "fetch.max.bytes": max(1024 * 1024, min(8 * 1024 * 1024, queue // 2)),
+        "max.partition.fetch.bytes": 2 * 1024 * 1024,
+    }
+
+
 class IncrementalGapWarning(UserWarning):
     """An incremental backup starts after records its predecessor did not hold: they were deleted
     from the broker (retention, DeleteRecords) in between, so neither backup has them."""
@@ -412,15 +425,9 @@ class BackupRun:
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        queue = self.memory.fetch_queue_bytes
         return Consumer(client_config({
             "group.id": f"kbs-backup-{self.backup_id}",  # never committed: we assign, not subscribe
-            # A small queue refilled by small fetches right away (librdkafka waits a second by
-            # default once the queue is full): bounded memory, and faster than one big queue.
-            "queued.max.messages.kbytes": max(1, queue // 1024),
-            "fetch.queue.backoff.ms": 5,
-            "fetch.max.bytes": max(1024 * 1024, min(8 * 1024 * 1024, queue // 2)),
-            "max.partition.fetch.bytes": 2 * 1024 * 1024,
+            **consumer_tuning(self.memory),
             **self.conf,
             # Last: an application's properties file (auto.offset.reset=latest, auto commit into its
             # own group, no EOF events) must not change what the backup reads.
