@@ -70,7 +70,7 @@ PLAN_KEY = "kbs_backup_plan"
 TXN_KEY = "kbs_backup_txn"
 #: Chunks the consuming thread may hand over before the writing thread took them (each at most
 #: about ``BackupMemory.chunk_bytes``): beyond it consuming waits.
-HANDOFF_CHUNKS = 2
+HANDOFF_CHUNKS = 1
 
 ProgressFn = Callable[[int, int], None]
 
