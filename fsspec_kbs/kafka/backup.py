@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -283,12 +284,18 @@ class _WritingThread:
         self.writer = writer
         self.on_chunk = on_chunk
         self.items: queue.Queue = queue.Queue(maxsize=HANDOFF_CHUNKS)
+        #: consume() results the consuming thread is done with: dropped here, so that the
+        #: messages (whose other references this thread holds) are freed on this thread.
+        self.garbage: deque[list[Any]] = deque()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="kbs-backup-write", daemon=True)
         self.thread.start()
 
     def chunk(self, key: tuple[str, int], msgs: list[Any], offsets: np.ndarray) -> None:
         self._put((key, msgs, offsets))
+
+    def release(self, msgs: list[Any]) -> None:
+        self.garbage.append(msgs)
 
     def flush(self) -> None:
         """Write every pending segment (and so a checkpoint), after the chunks handed over."""
@@ -325,7 +332,12 @@ class _WritingThread:
     def _run(self) -> None:
         try:
             while True:
-                item = self.items.get()
+                while self.garbage:
+                    self.garbage.popleft()
+                try:
+                    item = self.items.get(timeout=0.2)  # (garbage is dropped while idle, too)
+                except queue.Empty:
+                    continue
                 if item is self._END:
                     return
                 if self.error is not None:
@@ -544,7 +556,7 @@ class BackupRun:
         writing = _WritingThread(writer, counted)
         buffers = _Buffers(self.memory, self.consume_batch, writing.chunk)
         reader = _CutReader(consumer, plan.cut, positions, buffers, consume_batch=self.consume_batch,
-                            timeout=self.timeout, on_chunk=self.on_chunk)
+                            timeout=self.timeout, on_chunk=self.on_chunk, release=writing.release)
         if self.on_plan is not None:
             self.on_plan(reader.remaining())
 

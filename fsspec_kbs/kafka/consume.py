@@ -202,8 +202,12 @@ class _CutReader:
 
     def __init__(self, consumer: Any, cut: dict[tuple[str, int], tuple[int, int]],
                  positions: dict[tuple[str, int], int], buffers: _Buffers, *, consume_batch: int,
-                 timeout: float, on_chunk: Callable[[], None] | None) -> None:
+                 timeout: float, on_chunk: Callable[[], None] | None,
+                 release: Callable[[list[Any]], None] | None = None) -> None:
         self.consumer = consumer
+        #: Takes each consume() result once buffered, to drop it elsewhere (the writing thread
+        #: frees the messages there, not on the consuming thread).
+        self.release = release
         self.cut = cut
         self.positions = positions
         self.active = {k: cut[k][1] for k, v in positions.items() if v < cut[k][1]}  # key -> end offset
@@ -232,7 +236,11 @@ class _CutReader:
             want = self.remaining() + len(self.active)
             msgs = self.consumer.consume(num_messages=max(1, min(self.consume_batch, want)), timeout=0.5)
             now = time.monotonic()
-            if self.take(msgs):
+            took = self.take(msgs)
+            if self.release is not None:
+                self.release(msgs)
+            del msgs
+            if took:
                 last_progress = now
             elif now - last_progress > stall_timeout:
                 raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(self.active)} partition(s) "
