@@ -9,7 +9,8 @@ Records are realistic (:func:`benchmarks.common.make_columns`: keys 8–40 B, JS
 interleaved so that load from elsewhere hits all alike:
 
 * **plain consume**: a confluent-kafka consume loop (``consume(num_messages=…)``) reading every
-  partition to its end and touching key, value, headers and timestamp: the consuming core;
+  partition to its end and touching key, value, headers and timestamp, with the backup's own
+  consumer settings (:data:`CONSUMER_CONF`): the consuming core;
 * **zstd-3**: one thread compressing the same records, encoded as the backup encodes them, in
   1 MiB batches: the compressing core;
 * **backup**: ``run_backup`` (zstd-3) into a local directory, in a subprocess whose peak RSS is
