@@ -9,7 +9,8 @@ Records are realistic (:func:`benchmarks.common.make_columns`: keys 8–40 B, JS
 interleaved so that load from elsewhere hits all alike:
 
 * **plain consume**: a confluent-kafka consume loop (``consume(num_messages=…)``) reading every
-  partition to its end and touching key, value, headers and timestamp: the consuming core;
+  partition to its end and touching key, value, headers and timestamp, with the backup's own
+  consumer settings (:data:`CONSUMER_CONF`): the consuming core;
 * **zstd-3**: one thread compressing the same records, encoded as the backup encodes them, in
   1 MiB batches: the compressing core;
 * **backup**: ``run_backup`` (zstd-3) into a local directory, in a subprocess whose peak RSS is
@@ -45,15 +46,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import make_columns, records_from_columns, save  # noqa: E402
+from fsspec_kbs.kafka.backup import consumer_tuning  # noqa: E402
+from fsspec_kbs.kafka.consume import BackupMemory  # noqa: E402
 from fsspec_kbs.kafka.produce import PRODUCER_DEFAULTS  # noqa: E402
 
 #: The OSO kafka-backup tool (Rust) on the same kind of records, same machine (issue 24).
 OSO_RECORDS_PER_S = (380_000, 420_000)
 BACKUP_TARGET = 1.25  # backup wall time / two-core limit, at most
 RESTORE_TARGET = 0.9  # plain produce time / restore time, at least
-#: The consumer settings ``run_backup`` uses, so that the loop is its fair reference.
-CONSUMER_CONF = {"fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
-                 "enable.auto.commit": False, "enable.partition.eof": True}
+#: The consumer settings ``run_backup`` uses (its fetch tuning with the default memory bounds, and
+#: ``check.crcs``), so that the loop is its fair reference.
+CONSUMER_CONF = {**consumer_tuning(BackupMemory()), "check.crcs": True, "enable.auto.commit": False,
+                 "enable.partition.eof": True}
 
 
 def start_broker(state: Path) -> tuple[str, dict]:

@@ -9,11 +9,13 @@ at checkpoint offset + 1, so nothing is lost or duplicated whenever the process 
 
 from __future__ import annotations
 
+import queue
 import re
 import threading
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,7 +34,14 @@ from fsspec_kbs.kafka.clients import (
     gc_paused,
     return_freed_buffers,
 )
-from fsspec_kbs.kafka.consume import BackupMemory, _Buffers, _codes, _CutReader, columns_of_messages
+from fsspec_kbs.kafka.consume import (
+    BackupMemory,
+    _Buffers,
+    _codes,
+    _CutReader,
+    columns_of_fields,
+    columns_of_messages,
+)
 from fsspec_kbs.kafka.groups import (
     GROUPS_FILE,
     groups_json,
@@ -60,6 +69,9 @@ from fsspec_kbs.store.names import (
 PLAN_KEY = "kbs_backup_plan"
 #: Key of the writer's transaction id in checkpoint.json: a resumed run continues its staging.
 TXN_KEY = "kbs_backup_txn"
+#: Chunks the consuming thread may hand over before the writing thread took them (each at most
+#: about ``BackupMemory.chunk_bytes``): beyond it consuming waits.
+HANDOFF_CHUNKS = 1
 
 ProgressFn = Callable[[int, int], None]
 
@@ -85,6 +97,19 @@ _FORCED_CONSUMER_CONF = {
     "auto.offset.reset": "error",
     "check.crcs": True,  # a corrupt batch fails the backup instead of being copied as is
 }
+
+
+def consumer_tuning(memory: BackupMemory) -> dict[str, Any]:
+    """The fetch settings of a backup's consumer (``-X`` overrides them): a small queue refilled
+    by small fetches right away (librdkafka waits a second by default once the queue is full):
+    bounded memory, and faster than one big queue."""
+    queue = memory.fetch_queue_bytes
+    return {
+        "queued.max.messages.kbytes": max(1, queue // 1024),
+        "fetch.queue.backoff.ms": 5,
+        "fetch.max.bytes": max(1024 * 1024, min(8 * 1024 * 1024, queue // 2)),
+        "max.partition.fetch.bytes": 2 * 1024 * 1024,
+    }
 
 
 class IncrementalGapWarning(UserWarning):
@@ -228,17 +253,108 @@ class _Plan:
 
 def _warm_up(compression: str, level: int | None) -> None:
     """Load the encoding kernels (numba: ~1 s of CPU in a fresh process) and the codec while the
-    main thread plans the cut, mostly waiting for the brokers, instead of at the first chunk."""
+    main thread plans the cut, mostly waiting for the brokers, instead of at the first chunk.
+    The columns are built as a backup builds them (read-only data arrays from ``bytes``), so
+    the kernels are loaded for the very signatures the backup calls them with."""
     from fsspec_kbs.format import compress_batch, encode_batches
     from fsspec_kbs.format.codecs import codec_from_name
 
     try:
-        cols = RecordColumns.from_records([{"offset": 0, "timestamp": 0, "key": b"k", "value": b"v",
-                                            "headers": [("h", b"v")]}])
-        for batch in encode_batches(cols, 1024):
-            compress_batch(batch, codec_from_name(compression), level)
+        for hdrs in ([None], [[("h", b"v")]]):
+            cols = columns_of_fields(np.zeros(1, dtype=np.int64), [b"k"], [b"v"], np.zeros(1, dtype=np.int64), hdrs)
+            for batch in encode_batches(cols, 1024):
+                compress_batch(batch, codec_from_name(compression), level)
     except Exception:  # only an optimisation: the real work reports real errors
         pass
+
+
+class _WritingThread:
+    """Everything a backup does with consumed records after cutting them into partitions, on a
+    thread of its own: building the columns, queueing them for compression, writing segments
+    (assembly, checksums, ``fsync``) and checkpoints. The consuming thread only consumes and
+    hands chunks over; it waits when :data:`HANDOFF_CHUNKS` chunks are waiting already.
+
+    The writer is used by this thread alone until :meth:`close` returned; an error here is
+    raised on the consuming thread at its next hand-over (or at :meth:`close`)."""
+
+    _FLUSH = object()
+    _END = object()
+
+    def __init__(self, writer: BackupWriter, on_chunk: Callable[[RecordColumns], None]) -> None:
+        self.writer = writer
+        self.on_chunk = on_chunk
+        self.items: queue.Queue = queue.Queue(maxsize=HANDOFF_CHUNKS)
+        #: consume() results the consuming thread is done with: dropped here, so that the
+        #: messages (whose other references this thread holds) are freed on this thread.
+        self.garbage: deque[list[Any]] = deque()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="kbs-backup-write", daemon=True)
+        self.thread.start()
+
+    def chunk(self, key: tuple[str, int], msgs: list[Any], offsets: np.ndarray) -> None:
+        self._put((key, msgs, offsets))
+
+    def release(self, msgs: list[Any]) -> None:
+        self.garbage.append(msgs)
+
+    def flush(self) -> None:
+        """Write every pending segment (and so a checkpoint), after the chunks handed over."""
+        self._put(self._FLUSH)
+
+    def _put(self, item: Any) -> None:
+        while True:
+            self._raise()
+            try:
+                self.items.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self, ok: bool) -> None:
+        """Wait for the chunks handed over (``ok``) or drop them (an error on the consuming
+        thread); then the writer is the caller's again."""
+        if not ok and self.error is None:
+            self.error = KbsError("backup stopped")  # the writing thread drops what waits
+        while self.thread.is_alive():
+            try:
+                self.items.put(self._END, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self.thread.join()
+        if ok:
+            self._raise()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                while self.garbage:
+                    self.garbage.popleft()
+                try:
+                    item = self.items.get(timeout=0.2)  # (garbage is dropped while idle, too)
+                except queue.Empty:
+                    continue
+                if item is self._END:
+                    return
+                if self.error is not None:
+                    continue  # stopped: drop the rest
+                if item is self._FLUSH:
+                    self.writer.flush()
+                    continue
+                (topic, partition), msgs, offsets = item
+                del item
+                cols = columns_of_messages(msgs, offsets)
+                del msgs  # the Message objects are freed here, not on the consuming thread
+                self.writer.write_columns(topic, partition, cols)
+                self.on_chunk(cols)
+        except BaseException as e:
+            self.error = e
+            while self.items.get() is not self._END:  # until the consuming thread saw it
+                pass
 
 
 class BackupRun:
@@ -321,15 +437,9 @@ class BackupRun:
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        queue = self.memory.fetch_queue_bytes
         return Consumer(client_config({
             "group.id": f"kbs-backup-{self.backup_id}",  # never committed: we assign, not subscribe
-            # A small queue refilled by small fetches right away (librdkafka waits a second by
-            # default once the queue is full): bounded memory, and faster than one big queue.
-            "queued.max.messages.kbytes": max(1, queue // 1024),
-            "fetch.queue.backoff.ms": 5,
-            "fetch.max.bytes": max(1024 * 1024, min(8 * 1024 * 1024, queue // 2)),
-            "max.partition.fetch.bytes": 2 * 1024 * 1024,
+            **consumer_tuning(self.memory),
             **self.conf,
             # Last: an application's properties file (auto.offset.reset=latest, auto commit into its
             # own group, no EOF events) must not change what the backup reads.
@@ -435,32 +545,38 @@ class BackupRun:
         while this thread goes on consuming."""
         positions = {k: max(s, writer.last_offset(*k) + 1) for k, (s, _e) in plan.cut.items()}
 
-        def emit(key: tuple[str, int], msgs: list[Any], offsets: np.ndarray) -> None:
-            cols = columns_of_messages(msgs, offsets)
+        def counted(cols: RecordColumns) -> None:  # on the writing thread
             nbytes = (len(cols.key_data) + len(cols.value_data) + len(cols.header_key_data)
                       + len(cols.header_value_data))
-            writer.write_columns(key[0], key[1], cols)
             self.totals[0] += len(cols)
             self.totals[1] += nbytes
             if self.progress is not None:
                 self.progress(len(cols), nbytes)
 
-        buffers = _Buffers(self.memory, self.consume_batch, emit)
+        writing = _WritingThread(writer, counted)
+        buffers = _Buffers(self.memory, self.consume_batch, writing.chunk)
         reader = _CutReader(consumer, plan.cut, positions, buffers, consume_batch=self.consume_batch,
-                            timeout=self.timeout, on_chunk=self.on_chunk)
+                            timeout=self.timeout, on_chunk=self.on_chunk, release=writing.release)
         if self.on_plan is not None:
             self.on_plan(reader.remaining())
 
         def checkpoint() -> None:  # bound what a crash makes --resume read again
             buffers.flush_all()
-            writer.flush()
+            writing.flush()
 
+        ok = False
         try:
             with gc_paused():
                 reader.run(self.checkpoint_interval, checkpoint)
-        except BaseException:
-            writer._cancel_queue()  # compressions queued for segments that will not be written
-            raise
+            ok = True
+        finally:
+            try:
+                writing.close(ok)
+            except BaseException:
+                writer._cancel_queue()  # compressions queued for segments that will not be written
+                raise
+            if not ok:
+                writer._cancel_queue()
 
     def _commit(self, writer: BackupWriter, ckp: _Checkpointer, plan: _Plan) -> Any:
         """Pending segments, then the manifest (the backup is complete only then)."""

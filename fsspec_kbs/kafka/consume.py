@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from operator import is_not, itemgetter
 from typing import Any
 
@@ -81,11 +81,15 @@ def _message_methods() -> tuple[Callable, ...]:
 
 def _pack(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(values)
-    valid = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=n)
-    present = values if bool(valid.all()) else [v for v in values if v is not None]
+    nulls = values.count(None)  # identity comparisons in C; usually none
+    if nulls:
+        valid = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=n)
+        present = [v for v in values if v is not None]
+    else:
+        valid, present = np.ones(n, dtype=np.bool_), values
     lens = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
     offs = np.zeros(n + 1, dtype=np.int64)
-    if len(present) == n:
+    if not nulls:
         np.cumsum(lens, out=offs[1:])
     else:
         full = np.zeros(n, dtype=np.int64)
@@ -101,21 +105,38 @@ def columns_of_messages(msgs: list[Any], offsets: np.ndarray) -> RecordColumns:
     """RecordColumns of consumed messages (one partition, increasing ``offsets``), field by field
     with C-level ``map`` calls: no Python work per record beyond what the columns need."""
     _, _, _, _, key, value, headers, timestamp = _message_methods()
-    koffs, kdata, kvalid = _pack(list(map(key, msgs)))
-    voffs, vdata, vvalid = _pack(list(map(value, msgs)))
-    n = len(msgs)
-    ts = np.fromiter(map(itemgetter(1), map(timestamp, msgs)), dtype=np.int64, count=n)
-    hdrs = list(map(headers, msgs))
+    return columns_of_fields(offsets, list(map(key, msgs)), list(map(value, msgs)),
+                             np.fromiter(map(itemgetter(1), map(timestamp, msgs)), dtype=np.int64,
+                                         count=len(msgs)),
+                             list(map(headers, msgs)))
+
+
+def columns_of_fields(offsets: np.ndarray, keys: list[bytes | None], values: list[bytes | None],
+                      timestamps: np.ndarray, hdrs: list[list | None]) -> RecordColumns:
+    """RecordColumns of records given field by field (what :func:`columns_of_messages` reads
+    from the messages), in C-level maps; the arrays have the types, and so the compiled
+    kernels' signatures, of a backup's columns."""
+    koffs, kdata, kvalid = _pack(keys)
+    voffs, vdata, vvalid = _pack(values)
+    n = len(keys)
     hoffs = np.zeros(n + 1, dtype=np.int32)
     flat: list = []
     if hdrs.count(None) != n:
-        counts = np.fromiter((len(h) if h else 0 for h in hdrs), dtype=np.int64, count=n)
+        has = np.fromiter(map(bool, hdrs), dtype=np.bool_, count=n)  # None and [] alike: no headers
+        with_h = list(filter(None, hdrs))
+        counts = np.zeros(n, dtype=np.int64)
+        counts[has] = np.fromiter(map(len, with_h), dtype=np.int64, count=len(with_h))
         np.cumsum(counts, out=hoffs[1:], dtype=np.int32)
-        flat = [kv for h in hdrs if h for kv in h]
-    hkoffs, hkdata, _ = _pack([k.encode("utf-8") if isinstance(k, str) else bytes(k) for k, _ in flat])
-    hvoffs, hvdata, hvvalid = _pack([v if v is None or isinstance(v, bytes) else bytes(v) for _, v in flat])
+        flat = list(chain.from_iterable(with_h))
+    hkeys = list(map(itemgetter(0), flat))
+    try:
+        hkb = list(map(str.encode, hkeys))  # confluent-kafka gives str keys: UTF-8
+    except TypeError:
+        hkb = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in hkeys]
+    hkoffs, hkdata, _ = _pack(hkb)
+    hvoffs, hvdata, hvvalid = _pack(list(map(itemgetter(1), flat)))  # bytes or None
     return RecordColumns(
-        offsets=offsets, timestamps=ts,
+        offsets=offsets, timestamps=timestamps,
         key_offsets=koffs, key_data=kdata, key_valid=kvalid,
         value_offsets=voffs, value_data=vdata, value_valid=vvalid,
         header_offsets=hoffs, header_key_offsets=hkoffs, header_key_data=hkdata,
@@ -181,8 +202,12 @@ class _CutReader:
 
     def __init__(self, consumer: Any, cut: dict[tuple[str, int], tuple[int, int]],
                  positions: dict[tuple[str, int], int], buffers: _Buffers, *, consume_batch: int,
-                 timeout: float, on_chunk: Callable[[], None] | None) -> None:
+                 timeout: float, on_chunk: Callable[[], None] | None,
+                 release: Callable[[list[Any]], None] | None = None) -> None:
         self.consumer = consumer
+        #: Takes each consume() result once buffered, to drop it elsewhere (the writing thread
+        #: frees the messages there, not on the consuming thread).
+        self.release = release
         self.cut = cut
         self.positions = positions
         self.active = {k: cut[k][1] for k, v in positions.items() if v < cut[k][1]}  # key -> end offset
@@ -211,7 +236,11 @@ class _CutReader:
             want = self.remaining() + len(self.active)
             msgs = self.consumer.consume(num_messages=max(1, min(self.consume_batch, want)), timeout=0.5)
             now = time.monotonic()
-            if self.take(msgs):
+            took = self.take(msgs)
+            if self.release is not None:
+                self.release(msgs)
+            del msgs
+            if took:
                 last_progress = now
             elif now - last_progress > stall_timeout:
                 raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(self.active)} partition(s) "

@@ -7,8 +7,11 @@ import queue
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice, repeat
+from operator import length_hint
 from typing import Any
 
 import numpy as np
@@ -88,11 +91,15 @@ class _Chunk:
     nbytes: int
 
 
+def _slices(raw: Any, o: list[int]) -> list:
+    """``[raw[o[0]:o[1]], raw[o[1]:o[2]], …]`` in C-level maps (no Python statement per item)."""
+    return list(map(raw.__getitem__, map(slice, o, o[1:])))
+
+
 def _py_values(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray) -> list[bytes | None]:
-    """bytes objects of a binary column, nulls as None (slices of one bytes object: C loops)."""
-    raw = data.tobytes()
-    o = offsets.tolist()
-    out: list[bytes | None] = list(map(raw.__getitem__, map(slice, o[:-1], o[1:])))
+    """bytes objects of a binary column, nulls as None: each copied once, straight from the
+    column (a ``bytes`` of memoryview slices; no intermediate copy of the whole column)."""
+    out: list[bytes | None] = list(map(bytes, _slices(memoryview(data), offsets.tolist())))
     if not bool(valid.all()):
         for i in np.flatnonzero(~valid).tolist():
             out[i] = None
@@ -104,15 +111,18 @@ def _py_headers(cols: Any) -> list[list | None] | None:
     ho = cols.header_offsets
     if int(ho[-1]) == int(ho[0]):
         return None
-    keys = [k.decode("utf-8", "surrogateescape") if k is not None else "" for k in
-            _py_values(cols.header_key_offsets, cols.header_key_data,
-                       np.ones(len(cols.header_key_offsets) - 1, dtype=np.bool_))]
-    pairs = list(zip(keys, _py_values(cols.header_value_offsets, cols.header_value_data,
-                                      cols.header_value_valid), strict=True))
-    bounds = ho.tolist()
-    out: list[list | None] = [None] * (len(bounds) - 1)
-    for i in np.flatnonzero(np.diff(ho)).tolist():
-        out[i] = pairs[bounds[i]:bounds[i + 1]]
+    kraw = cols.header_key_data.tobytes()
+    if kraw.isascii():  # (nearly always) str offsets are byte offsets: one decode, then slices
+        keys = _slices(kraw.decode("ascii"), cols.header_key_offsets.tolist())
+    else:
+        keys = [k.decode("utf-8", "surrogateescape") for k in _slices(kraw, cols.header_key_offsets.tolist())]
+    pairs = list(zip(keys, _py_values(cols.header_value_offsets, cols.header_value_data, cols.header_value_valid),
+                     strict=True))
+    has = np.flatnonzero(np.diff(ho))
+    out: list[list | None] = [None] * (len(ho) - 1)
+    per = map(pairs.__getitem__, map(slice, ho[has].tolist(), ho[has + 1].tolist()))
+    for i, h in zip(has.tolist(), per, strict=True):
+        out[i] = h
     return out
 
 
@@ -187,6 +197,36 @@ class _ReadAhead:
             self.items.put(e)
 
 
+def _produce_run(produce: Callable, poll: Callable, dst: str, part: int, values: list, keys: list,
+                 timestamps: list, headers: list, start: int, stop: int, handed: list[int] | None = None) -> None:
+    """``produce()`` records ``start:stop`` in order, driven by C-level ``map`` (no Python
+    statement per record; the positional arguments are ``produce``'s: topic, value, key,
+    partition, on_delivery, callback, timestamp, headers). When the producer's queue is full
+    (``BufferError``) it is drained a little and the record that failed is produced again.
+    ``handed[0]`` ends as the index after the last record handed to the producer, also when
+    ``produce()`` raises anything else (a record above ``message.max.bytes``, ...)."""
+    i = start
+    while i < stop:
+        its = [iter(x) for x in (values, keys, timestamps, headers)]
+        for it in its:
+            it.__setstate__(i)  # list iterators start at i
+        vi = its[0]
+        try:
+            deque(map(produce, repeat(dst), islice(vi, stop - i), its[1], repeat(part), repeat(None), repeat(None),
+                      its[2], its[3]), maxlen=0)
+            if handed is not None:
+                handed[0] = stop
+            return
+        except BufferError:
+            # map took the failed record from every iterator: it is the one before vi's position.
+            i = len(values) - length_hint(vi) - 1
+            poll(0.05)
+        except BaseException:
+            if handed is not None:
+                handed[0] = len(values) - length_hint(vi) - 1
+            raise
+
+
 class _Sender:
     """Produces chunks in order and keeps what a stopped restore must report: per source
     partition the range sent, and the deliveries the cluster refused."""
@@ -220,19 +260,11 @@ class _Sender:
                     for h, o, t in zip(hdrs, c.offsets, c.timestamps, strict=True)]
         produce, poll = self.producer.produce, self.producer.poll
         start = 0
-        i = -1  # the record being handed to produce(): those before it are in the producer
+        handed = [0]  # records handed to the producer, in order
         try:
             for stop in [*sorted(markers), n]:
-                for i, v, k, t, h in zip(range(start, stop), c.values[start:stop],  # noqa: B007 - read after a raise
-                                         c.keys[start:stop], c.timestamps[start:stop], hdrs[start:stop], strict=True):
-                    while True:
-                        try:
-                            produce(dst, v, k, part, timestamp=t, headers=h)
-                            break
-                        except BufferError:  # the producer's queue is full: let it drain
-                            poll(0.05)
+                _produce_run(produce, poll, dst, part, c.values, c.keys, c.timestamps, hdrs, start, stop, handed)
                 if stop < n:
-                    i = stop
                     while True:
                         try:
                             produce(dst, c.values[stop], c.keys[stop], part, timestamp=c.timestamps[stop],
@@ -240,11 +272,11 @@ class _Sender:
                             break
                         except BufferError:
                             poll(0.05)
+                    handed[0] = stop + 1
                 start = stop + 1
-            i = n
         finally:
-            # What was handed over, also when produce() raised part-way (e.g. a record above
-            # message.max.bytes): the stop report must name exactly those records.
+            # Also when produce() raised part-way: the stop report names exactly these records.
+            i = handed[0]
             if i > 0:
                 first = self.sent.get(c.src, (c.offsets[0], 0))[0]
                 self.sent[c.src] = (first, c.offsets[i - 1])
