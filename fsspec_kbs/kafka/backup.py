@@ -26,6 +26,7 @@ from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import CommitConflictError, KbsError
 from fsspec_kbs.format import RecordColumns
+from fsspec_kbs.format.batch_index import INDEX_SUFFIX
 from fsspec_kbs.kafka.clients import (
     CONNECT_TIMEOUT,
     admin_client,
@@ -221,8 +222,10 @@ def _drop_uncovered(fs: Any, path: str, ck: Checkpoint) -> int:
             topic, part, name = rel
             prog = ck.topics.get(topic, {}).get(int(part)) if part.isdigit() else None
             if prog is not None:
+                # A covered segment keeps its batch index too (resume checks and rewrites it).
+                segment = name[: -len(INDEX_SUFFIX)] + ".kbs" if name.endswith(INDEX_SUFFIX) else name
                 try:
-                    keep = parse_segment_name(name) <= parse_segment_name(prog.segment)
+                    keep = parse_segment_name(segment) <= parse_segment_name(prog.segment)
                 except KbsError:
                     keep = False
         if not keep:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import is_not, itemgetter
+from operator import is_not, itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -287,7 +287,7 @@ class _CutReader:
             k = int(np.searchsorted(offs, end))
             run, offs = run[:k], offs[:k]
         if len(run):
-            self.buffers.add(key, run, offs, sum(map(len, run)))
+            self.buffers.add(key, run, offs, _run_bytes(run))
             self.positions[key] = int(offs[-1]) + 1
         if self.positions[key] >= end:
             self._finish(key)
@@ -326,3 +326,16 @@ class _CutReader:
         del self.active[key]
         self.buffers.flush(key)
         self.consumer.incremental_unassign([TopicPartition(*key)])
+
+
+_KEY, _HEADERS = methodcaller("key"), methodcaller("headers")
+
+
+def _run_bytes(run: list[Any]) -> int:
+    """Bytes a run of messages holds: values, keys and headers (``len(message)`` is only the
+    value's, so a topic of tombstones with large keys or headers would not count at all)."""
+    values = sum(map(len, run))
+    keys = sum(map(len, filter(None, map(_KEY, run))))
+    headers = sum(len(k) + len(v or b"") for hs in filter(None, map(_HEADERS, run)) for k, v in hs)
+    return values + keys + headers
+
