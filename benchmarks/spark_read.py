@@ -8,8 +8,9 @@ One command builds everything from the same realistic records (``benchmarks/comm
   the end) loaded from the backup with ``run_restore`` (same partitions, timestamps, headers);
 * Parquet written by Spark from the backup.
 
-Then, in one ``local[2]`` SparkSession, the median of ``--repeat`` (3) timed runs after a
-warm-up, each ``count(*)`` and ``sum(length(value))`` (every value crosses into the JVM):
+Then, in one ``local[2]`` SparkSession, the median of ``--repeat`` (3) timed rounds after a
+warm-up run of every case (each round runs every case in turn), each ``count(*)`` and
+``sum(length(value))`` (every value crosses into the JVM):
 
 * full scan: kbs vs the Kafka source vs Parquet (issue 22 target: kbs <= 1.5 x Parquet), and the
   floor of any Python data source: the same Arrow batches, already decoded, from memory-mapped
@@ -124,21 +125,27 @@ def session(jars: str):  # type: ignore[no-untyped-def]
     return spark
 
 
-def timed(make_df: Callable[[], object], repeat: int) -> dict:
-    """Median wall time of ``count(*)`` + ``sum(length(value))`` on a fresh DataFrame, after a warm-up."""
-    def once() -> tuple[float, tuple[int, int]]:
-        t0 = time.perf_counter()
-        row = make_df().selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0]  # type: ignore[attr-defined]
-        return time.perf_counter() - t0, (int(row["n"]), int(row["b"] or 0))
+def once(make_df: Callable[[], object]) -> tuple[float, tuple[int, int]]:
+    """Wall time and result of ``count(*)`` + ``sum(length(value))`` on a fresh DataFrame."""
+    t0 = time.perf_counter()
+    row = make_df().selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0]  # type: ignore[attr-defined]
+    return time.perf_counter() - t0, (int(row["n"]), int(row["b"] or 0))
 
-    _, result = once()
-    times = []
+
+def timed(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, dict]:
+    """Median wall time of each case over ``repeat`` rounds, after one warm-up run of every
+    case. Rounds run every case in turn, so a change of the machine's load (or the JVM still
+    compiling the Python source path) weighs on all cases alike rather than on whichever ran
+    first or last."""
+    results = {name: once(make)[1] for name, make in cases.items()}
+    times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeat):
-        t, got = once()
-        assert got == result, (got, result)
-        times.append(t)
-    return {"median_s": round(statistics.median(times), 3), "seconds": [round(t, 3) for t in times],
-            "rows": result[0], "value_bytes": result[1]}
+        for name, make in cases.items():
+            t, got = once(make)
+            assert got == results[name], (name, got, results[name])
+            times[name].append(t)
+    return {name: {"median_s": round(statistics.median(ts), 3), "seconds": [round(t, 3) for t in ts],
+                   "rows": results[name][0], "value_bytes": results[name][1]} for name, ts in times.items()}
 
 
 def main() -> None:
@@ -259,11 +266,9 @@ def run_all(spark, url: str, parquet: str, bootstrap: str | None, data: dict, re
         f"timestamp >= timestamp_millis({t_lo}) AND timestamp < timestamp_millis({t_hi})")
     if bootstrap:
         cases["10% time window: kafka source"] = kafka(**window)
-    out: dict = {"cases": {}}
-    for name, make in cases.items():
-        r = timed(make, repeat)
-        out["cases"][name] = r
-        print(f"{name:<48} {r['median_s']:8.2f} s  {r['rows']:>10,} rows  {r['seconds']}", flush=True)
+    out: dict = {"cases": timed(cases, repeat)}
+    for name, r in out["cases"].items():
+        print(f"{name:<52} {r['median_s']:8.2f} s  {r['rows']:>10,} rows  {r['seconds']}", flush=True)
     c = out["cases"]
     assert c["full scan: kbs"]["rows"] == c["full scan: parquet"]["rows"] == data["records"]
     ratios = {"full scan kbs / parquet (target <= 1.5)":

@@ -20,7 +20,8 @@ pytest.importorskip("pyspark")
 from benchmarks.common import make_columns  # noqa: E402
 from fsspec_kbs.errors import KbsError  # noqa: E402
 from fsspec_kbs.spark import KbsReader, parse_options  # noqa: E402
-from fsspec_kbs.store import BackupWriter  # noqa: E402
+from fsspec_kbs.spark.reader import _Piece, group_pieces  # noqa: E402
+from fsspec_kbs.store import BackupWriter, SegmentRef  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -194,3 +195,44 @@ def test_pushed_filters_read_only_matching_batches(backup: str) -> None:
     want = p0.filter(pa.compute.and_(pa.compute.greater_equal(p0["timestamp"], pa.scalar(t0, p0["timestamp"].type)),
                                      pa.compute.less(p0["timestamp"], pa.scalar(t1, p0["timestamp"].type))))
     assert read_all(r, parts).equals(want)
+
+
+def _piece(partition: int, seq: int, size: int) -> _Piece:
+    ref = SegmentRef("t", partition, seq, f"t/{partition}/{seq}", first_offset=seq * 1000,
+                     last_offset=seq * 1000 + 999, records=1000, size_bytes=size)
+    return _Piece(ref, None, None)
+
+
+def test_packing_keeps_a_partition_worth_a_task_apart() -> None:
+    """Pieces of several partitions: each partition's range is a task once it holds a quarter
+    of minPartitionBytes (as the Kafka source makes one task per partition); tiny ones are
+    still packed together, and within one partition packing is as before."""
+    o = parse_options({"path": "memory://x", "minPartitionBytes": str(8 * MIB)})
+    key = [[(p.ref.partition, p.ref.seq) for p in g] for g in group_pieces(
+        [_piece(p, 0, 6 * MIB) for p in range(6)], o)]
+    assert key == [[(p, 0)] for p in range(6)]
+    tiny = group_pieces([_piece(p, 0, 100_000) for p in range(6)], o)
+    assert [len(g) for g in tiny] == [6]
+    one = group_pieces([_piece(0, s, 3 * MIB) for s in range(4)], o)
+    assert [len(g) for g in one] == [3, 1]
+
+
+def test_worker_heap_is_frozen_only_in_a_daemon_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gc.freeze`` is for PySpark's daemon-forked workers (which collect after every task);
+    the driver, tests and other processes keep their collector as it is."""
+    import gc
+
+    from fsspec_kbs.spark import reader as mod
+
+    monkeypatch.setattr(mod, "_frozen_at_modules", 0)
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    mod._freeze_worker_heap()
+    assert calls == [] and mod._frozen_at_modules == 0
+    monkeypatch.setattr(mod.sys, "argv", ["/x/site-packages/pyspark/daemon.py", "pyspark.worker"])
+    mod._freeze_worker_heap()
+    mod._freeze_worker_heap()
+    assert calls == ["freeze"]
+    monkeypatch.setitem(mod.sys.modules, "kbs_test_newly_imported", mod)  # e.g. numba, loaded later
+    mod._freeze_worker_heap()
+    assert calls == ["freeze", "freeze"]
