@@ -61,8 +61,10 @@ def _storage_value(text: str) -> Any:
     return text
 
 
-def _offsets_json(name: str, text: str | None, *, ending: bool) -> tuple[str | None, dict[str, dict[str, int]]]:
-    """``"earliest"``/``"latest"`` or ``{"topic": {"0": 23, "1": -2}}`` as in the Kafka source."""
+def offsets_json(name: str, text: str | None, *, ending: bool,
+                 stream: bool = False) -> tuple[str | None, dict[str, dict[str, int]]]:
+    """``"earliest"``/``"latest"`` or ``{"topic": {"0": 23, "1": -2}}`` as in the Kafka source;
+    a stream (``stream``) may also start at ``latest`` (-1)."""
     if text is None or text.strip() == "":
         return None, {}
     stripped = text.strip()
@@ -70,7 +72,7 @@ def _offsets_json(name: str, text: str | None, *, ending: bool) -> tuple[str | N
         word = stripped.lower()
         if ending and word == "earliest":
             raise ValueError(f"option {name!r}: 'earliest' is not allowed for an ending offset")
-        if not ending and word == "latest":
+        if not ending and not stream and word == "latest":
             raise ValueError(f"option {name!r}: 'latest' is not allowed for a starting offset in a batch read")
         return word, {}
     try:
@@ -91,7 +93,7 @@ def _offsets_json(name: str, text: str | None, *, ending: bool) -> tuple[str | N
                 raise ValueError(f"option {name!r}: offset {off} of {topic}/{part} (use >= 0, -2 earliest, -1 latest)")
             if ending and off == EARLIEST:
                 raise ValueError(f"option {name!r}: -2 (earliest) is not allowed as an ending offset ({topic}/{part})")
-            if not ending and off == LATEST:
+            if not ending and not stream and off == LATEST:
                 raise ValueError(f"option {name!r}: -1 (latest) is not allowed as a starting offset "
                                  f"in a batch read ({topic}/{part})")
             out.setdefault(str(topic), {})[str(int(part))] = off
@@ -379,8 +381,8 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
             raise ValueError(f"option 'partitions' must be a comma-separated list of ints, got {raw_parts!r}") from e
     assign = _assign_json(opts["assign"]) if opts.get("assign") is not None else None
 
-    start_word, starting = _offsets_json("startingOffsets", opts.get("startingoffsets"), ending=False)
-    end_word, ending = _offsets_json("endingOffsets", opts.get("endingoffsets"), ending=True)
+    start_word, starting = offsets_json("startingOffsets", opts.get("startingoffsets"), ending=False)
+    end_word, ending = offsets_json("endingOffsets", opts.get("endingoffsets"), ending=True)
     del start_word, end_word  # "earliest"/"latest" are the defaults: no bound
     for topic, parts in starting.items():  # as the Kafka source's checkOffsetLimitValidity
         for part, s in parts.items():

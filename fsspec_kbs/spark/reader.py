@@ -468,7 +468,8 @@ class KbsReader(DataSourceReader):
                 if o.on_corrupt == "fail":
                     yield from self._segment(backup, ref, sf, seg)
                     continue
-                # Skipping must drop the whole segment, so decode it fully before yielding any of it.
+                # Skipping must drop all this task reads of the segment (the segment, or its run of
+                # batches), so decode it fully before yielding any of it.
                 batches = list(self._segment(backup, ref, sf, seg))
             except KbsError as e:
                 changed = self._changed(backup, partition, ref, e) if isinstance(e, _MAYBE_CHANGED) else None
@@ -512,7 +513,7 @@ class KbsReader(DataSourceReader):
 
     def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter,
                  seg: dict | None = None) -> Iterator[pa.RecordBatch]:
-        bounds = (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
+        bounds = sf.segment_bounds(ref)
         verify = self.options.verify_checksums
         chunks = None
         if seg is not None and seg.get("batches"):
@@ -522,7 +523,7 @@ class KbsReader(DataSourceReader):
                 # The batch index is gone or unusable now: read the segment, keep the run's offsets.
                 lo, hi = seg["run_offsets"]
                 sf = sf.and_(ScanFilter(start_offset=lo, end_offset=hi))
-                bounds = (*sf.bounds(ref.topic, ref.partition), sf.start_time, sf.end_time)
+                bounds = sf.segment_bounds(ref)
             chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=bounds,
                                          max_chunk_bytes=CHUNK_BYTES)
         for cols in chunks:

@@ -15,7 +15,6 @@ the stream goes on from what the backup holds, as the Kafka source does.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -37,7 +36,7 @@ from fsspec_kbs.errors import (
     IncompleteBackupError,
     UnsupportedVersionError,
 )
-from fsspec_kbs.spark.options import EARLIEST, LATEST, KbsOptions, _int, parse_options
+from fsspec_kbs.spark.options import EARLIEST, LATEST, KbsOptions, _int, offsets_json, parse_options
 from fsspec_kbs.spark.reader import (
     KbsReader,
     KbsSegmentPartition,
@@ -99,32 +98,13 @@ def parse_stream_options(options: Mapping[str, str]) -> KbsStreamOptions:
     starting: str | Offsets = "latest"
     if starting_text is not None and starting_text.strip():
         text = starting_text.strip()
-        starting = text.lower() if text.lower() in ("earliest", "latest") else _starting_json(text)
+        word, offsets = offsets_json("startingOffsets", text, ending=False, stream=True)
+        starting = word if word is not None else offsets
     given_time = read.starting_offsets_by_timestamp or read.starting_timestamp is not None
     if starting_text is not None and starting_text.strip() and given_time:
         raise ValueError("options 'startingOffsets' and 'startingOffsetsByTimestamp'/'startingTimestamp' "
                          "cannot be used together")
     return KbsStreamOptions(read, starting, _int("maxOffsetsPerTrigger", max_text, None, 1))
-
-
-def _starting_json(text: str) -> Offsets:
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"option 'startingOffsets' must be 'earliest', 'latest' or JSON like "
-                         f'{{"topic": {{"0": 23}}}}, got {text!r}') from e
-    if not isinstance(doc, dict):
-        raise ValueError(f"option 'startingOffsets' must be a JSON object of topics, got {text!r}")
-    out: Offsets = {}
-    for topic, parts in doc.items():
-        if not isinstance(parts, dict):
-            raise ValueError(f"option 'startingOffsets': topic {topic!r} must map partitions to offsets")
-        for part, off in parts.items():
-            if not str(part).isdigit() or isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
-                raise ValueError(f"option 'startingOffsets': bad entry {part!r}: {off!r} for topic {topic!r} "
-                                 "(a partition number and an offset >= 0, -2 earliest or -1 latest)")
-            out.setdefault(str(topic), {})[str(int(part))] = off
-    return out
 
 
 @dataclass
