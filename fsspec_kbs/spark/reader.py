@@ -89,10 +89,6 @@ class KbsSegmentPartition(InputPartition):
     layout: str = "kbs"
     manifest_crc32: int | None = None
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(s["ref"].get("size_bytes") or 0 for s in self.segments)
-
 
 # -- planning (driver) ---------------------------------------------------------------------------
 
