@@ -36,7 +36,7 @@ from fsspec_kbs.errors import (
     PartialWriteError,
 )
 from fsspec_kbs.spark.options import KbsOptions, parse_options
-from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter, _adopt, _plan
+from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter, _plan
 from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import stream_batch, with_stream_batch
 from fsspec_kbs.store.manifest import Manifest, utc_now_iso
@@ -176,12 +176,7 @@ class KbsStreamWriter(DataSourceStreamArrowWriter):
             done = adopter.committed_batch()
             if done >= batchId:
                 raise BatchAlreadyCommitted(f"batch {batchId} of query {query} already committed (backup records {done})")
-            for (topic, partition), assigned, items in plan:
-                if assigned:
-                    writer._commit_assigned(adopter, topic, partition, items)
-                    continue
-                for _, seg in items:
-                    _adopt(adopter, seg)
+            writer.adopt_plan(adopter, plan)
             try:
                 adopter.commit(extra={"writer": {"name": "fsspec-kbs spark stream", "job": writer.job_id}})
             finally:

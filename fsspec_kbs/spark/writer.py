@@ -214,13 +214,7 @@ class KbsWriter(DataSourceArrowWriter):
                                  fault=self.fault, **self._writer_kwargs())
         claimed = False
         try:
-            for (topic, partition), assigned, items in plan:
-                if assigned:
-                    self._commit_assigned(adopter, topic, partition, items)
-                    continue
-                for _, seg in items:
-                    # Raises OffsetOrderError when an append would make offsets go backwards.
-                    _adopt(adopter, seg)
+            self.adopt_plan(adopter, plan)
             try:
                 adopter.commit(extra={"writer": {"name": "fsspec-kbs spark", "job": self.job_id}})
             finally:
@@ -235,6 +229,16 @@ class KbsWriter(DataSourceArrowWriter):
             self._remove_staging()
             raise
         self._remove_staging()
+
+    def adopt_plan(self, adopter: SegmentAdopter, plan: list) -> None:
+        """Hand every staged segment of ``plan`` (:func:`_plan`) to ``adopter``, in order."""
+        for (topic, partition), assigned, items in plan:
+            if assigned:
+                self._commit_assigned(adopter, topic, partition, items)
+                continue
+            for _, seg in items:
+                # Raises OffsetOrderError when an append would make offsets go backwards.
+                _adopt(adopter, seg)
 
     def _commit_assigned(self, adopter: SegmentAdopter, topic: str, partition: int,
                          items: list[tuple[KbsCommitMessage, WrittenSegment]]) -> None:
