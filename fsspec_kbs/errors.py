@@ -156,3 +156,13 @@ class IncompatibleWriteError(KbsError, ValueError):
 class PartialWriteError(KbsError, RuntimeError):
     """A distributed write whose tasks did not all succeed (or that was aborted): nothing of it
     is published."""
+
+
+class KafkaClusterError(KbsError, RuntimeError):
+    """The Kafka cluster could not be reached or refused what a backup or restore asked of it
+    (metadata, offsets, topics, consumer groups)."""
+
+
+class KafkaOptionError(KbsError, ValueError):
+    """A Kafka client setting or a backup/restore option that cannot be used as given
+    (client config file, ``key=value`` pairs, topic patterns, ``--map``, offset ranges, ...)."""

@@ -24,7 +24,12 @@ from typing import Any
 import numpy as np
 from fsspec.core import url_to_fs
 
-from fsspec_kbs.errors import CommitConflictError, KbsError
+from fsspec_kbs.errors import (
+    CommitConflictError,
+    KafkaClusterError,
+    KafkaOptionError,
+    KbsError,
+)
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.batch_index import INDEX_SUFFIX
 from fsspec_kbs.kafka.clients import (
@@ -141,7 +146,7 @@ def _watermarks(consumer: Any, tp: Any, timeout: float) -> tuple[int, int]:
             code = err.code() if hasattr(err, "code") else None
             if code not in retry or time.monotonic() + 0.2 > deadline:
                 msg = f"cannot read the end offsets of {tp.topic}/{tp.partition}: {err}"
-                raise KbsError(msg) from e
+                raise KafkaClusterError(msg) from e
             time.sleep(0.2)
 
 
@@ -174,7 +179,7 @@ def select_topics(all_topics: list[str], patterns: list[str], include_internal: 
         try:
             regs.append(re.compile(p))
         except re.error as e:
-            raise KbsError(f"bad topic pattern {p!r}: {e}") from e
+            raise KafkaOptionError(f"bad topic pattern {p!r}: {e}") from e
     return sorted(
         t for t in all_topics
         if (include_internal or not t.startswith("__")) and any(r.fullmatch(t) for r in regs)
@@ -460,7 +465,7 @@ class BackupRun:
 
         chosen = select_topics(list(md.topics), self.patterns, self.include_internal)
         if not chosen:
-            raise KbsError(f"no topic matches {self.patterns} on {self.conf['bootstrap.servers']}")
+            raise KafkaOptionError(f"no topic matches {self.patterns} on {self.conf['bootstrap.servers']}")
         prev = self._previous_ends()
         cut: dict[tuple[str, int], tuple[int, int]] = {}
         gaps: dict[tuple[str, int], tuple[int, int]] = {}  # records gone between the two backups
@@ -468,7 +473,7 @@ class BackupRun:
             tmd = md.topics[t]
             if tmd.error is not None or not tmd.partitions:
                 # Its partitions would be missing from the cut, and from the backup, silently.
-                raise KbsError(f"topic {t}: no partition metadata ({tmd.error or 'no partitions'}); try again")
+                raise KafkaClusterError(f"topic {t}: no partition metadata ({tmd.error or 'no partitions'}); try again")
             for p in sorted(tmd.partitions):
                 low, high = _watermarks(consumer, TopicPartition(t, p), self.timeout)
                 after = prev.get((t, p), -1) + 1

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import KafkaClusterError
 
 LOGGER = logging.getLogger("fsspec_kbs.kafka.librdkafka")
 #: Default of ``connect_timeout``: how long the first metadata request may take.
@@ -84,7 +84,7 @@ def cluster_metadata(admin: Any, conf: dict[str, Any], timeout: float) -> Any:
     except KafkaException as e:
         err = e.args[0] if e.args else e
         why = err.str() if hasattr(err, "str") else str(err)
-        raise KbsError(f"cannot reach the Kafka cluster at {conf.get('bootstrap.servers')} within "
+        raise KafkaClusterError(f"cannot reach the Kafka cluster at {conf.get('bootstrap.servers')} within "
                        f"{timeout:g} s ({why}); check --bootstrap-servers and the network, or raise "
                        "--connect-timeout") from None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import KafkaOptionError
 
 
 def load_client_config(path: str | Path) -> dict[str, str]:
@@ -13,14 +13,14 @@ def load_client_config(path: str | Path) -> dict[str, str]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise KbsError(f"cannot read client config file {path}: {e.strerror or e}") from e
+        raise KafkaOptionError(f"cannot read client config file {path}: {e.strerror or e}") from e
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line[0] in "#!":
             continue
         sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
         if sep < 0:
-            raise KbsError(f"{path}:{n}: expected key=value")
+            raise KafkaOptionError(f"{path}:{n}: expected key=value")
         out[line[:sep].strip()] = line[sep + 1 :].strip()
     return out
 
@@ -31,7 +31,7 @@ def parse_pairs(pairs: list[str] | tuple[str, ...], what: str = "client config")
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise KbsError(f"{what} {pair!r} is not key=value")
+            raise KafkaOptionError(f"{what} {pair!r} is not key=value")
         out[key.strip()] = value
     return out
 
@@ -46,5 +46,5 @@ def merge_client_config(bootstrap_servers: str | None, config_file: str | None =
     if bootstrap_servers:
         conf["bootstrap.servers"] = bootstrap_servers
     if not conf.get("bootstrap.servers"):
-        raise KbsError("no bootstrap servers: pass --bootstrap-servers or bootstrap.servers in the config")
+        raise KafkaOptionError("no bootstrap servers: pass --bootstrap-servers or bootstrap.servers in the config")
     return conf

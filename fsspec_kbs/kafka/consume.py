@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import KafkaClusterError, KafkaOptionError, KbsError
 from fsspec_kbs.format import RecordColumns
 
 #: Consumer errors no retry can fix (others are retried by librdkafka; see the stall timeout).
@@ -69,7 +69,7 @@ class BackupMemory:
         for name in ("fetch_queue_bytes", "chunk_bytes", "buffer_bytes", "compress_ahead_bytes",
                      "segment_buffer_bytes"):
             if getattr(self, name) <= 0:
-                raise KbsError(f"BackupMemory.{name} must be positive")
+                raise KafkaOptionError(f"BackupMemory.{name} must be positive")
 
 
 def _message_methods() -> tuple[Callable, ...]:
@@ -243,7 +243,7 @@ class _CutReader:
             if took:
                 last_progress = now
             elif now - last_progress > stall_timeout:
-                raise KbsError(f"no record arrived for {stall_timeout:.0f} s with {len(self.active)} partition(s) "
+                raise KafkaClusterError(f"no record arrived for {stall_timeout:.0f} s with {len(self.active)} partition(s) "
                                f"unfinished (last error: {self.last_error}); continue later with --resume")
             if self.on_chunk is not None:
                 self.on_chunk()
@@ -305,11 +305,11 @@ class _CutReader:
             if err.code() == KafkaError._PARTITION_EOF:
                 eofs.append(m)
             elif err.fatal() or err.code() in fatal:
-                raise KbsError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
+                raise KafkaClusterError(f"consuming {key[0]}/{key[1]} failed: {err.str()}")
             elif key in self.active and err.code() in skipped:
                 at = self.buffers.last_offset(key)
                 at = self.positions[key] if at is None else at + 1
-                raise KbsError(
+                raise KafkaClusterError(
                     f"records of {key[0]}/{key[1]} from about offset {at} cannot be "
                     f"read ({err.name()}: {err.str()}): deleted from the broker "
                     "(retention, DeleteRecords) after the backup planned them, or "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsspec_kbs.dataset import KbsDataset
-from fsspec_kbs.errors import KbsError
+from fsspec_kbs.errors import KafkaClusterError, KafkaOptionError
 from fsspec_kbs.filters import ScanFilter, to_millis
 from fsspec_kbs.kafka.clients import (
     CONNECT_TIMEOUT,
@@ -78,7 +78,7 @@ def parse_map(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         src, sep, dst = pair.partition(":")
         if not sep or not src or not dst:
-            raise KbsError(f"--map {pair!r} is not SOURCE:TARGET")
+            raise KafkaOptionError(f"--map {pair!r} is not SOURCE:TARGET")
         out[check_topic(src)] = check_topic(dst)
     return out
 
@@ -94,7 +94,7 @@ def parse_offset_ranges(specs: list[str] | tuple[str, ...]) -> dict[tuple[str, i
             key = (topic, int(part))
             lo, hi = (int(start) if start else None, int(end) if end else None)
         except ValueError as e:
-            raise KbsError(f"offset range {spec!r} is not TOPIC:PARTITION:START:END") from e
+            raise KafkaOptionError(f"offset range {spec!r} is not TOPIC:PARTITION:START:END") from e
         if key in out:  # the same partition again (e.g. a continuation added): both bounds hold
             a, b = out[key]
             lo = a if lo is None else lo if a is None else max(a, lo)
@@ -125,7 +125,7 @@ class RestoreRun:
                  connect_timeout: float = CONNECT_TIMEOUT, progress: ProgressFn | None = None,
                  on_plan: Callable[[list[PartitionPlan]], None] | None = None) -> None:
         if offset_header_style not in OFFSET_HEADER_STYLES:
-            raise KbsError(f"offset header style must be one of {OFFSET_HEADER_STYLES}")
+            raise KafkaOptionError(f"offset header style must be one of {OFFSET_HEADER_STYLES}")
         self.backup_url, self.conf, self.storage_options = backup_url, client_config, storage_options
         self.topics, self.topic_pattern, self.partitions = topics, topic_pattern, partitions
         self.mapping = {check_topic(src): check_topic(dst) for src, dst in (mapping or {}).items()}
@@ -158,7 +158,7 @@ class RestoreRun:
         in_backup = set(ds.backup.topics())
         unknown = sorted({*(self.topics or []), *self.mapping} - in_backup)
         if unknown:
-            raise KbsError(f"topic(s) {', '.join(unknown)} are not in the backup {self.backup_url} "
+            raise KafkaOptionError(f"topic(s) {', '.join(unknown)} are not in the backup {self.backup_url} "
                            f"(it holds {', '.join(sorted(in_backup)) or 'no topics'})")
         ds = ds.filter(topics=self.topics, partitions=self.partitions, start_time=to_millis(self.from_time),
                        end_time=to_millis(self.to_time), topic_pattern=self.topic_pattern)
@@ -211,10 +211,10 @@ class RestoreRun:
         missing = sorted(t for t in needed if t not in md.topics)
         for t in needed:
             if t in md.topics and len(md.topics[t].partitions) < highest[t]:
-                raise KbsError(f"target topic {t} has {len(md.topics[t].partitions)} partitions; the backup needs "
+                raise KafkaClusterError(f"target topic {t} has {len(md.topics[t].partitions)} partitions; the backup needs "
                                f"{highest[t]} (partition numbers are kept)")
         if missing and not self.create_topics and not self.dry_run:
-            raise KbsError(f"target topic(s) {', '.join(missing)} do not exist; pass --create-topics to create them")
+            raise KafkaClusterError(f"target topic(s) {', '.join(missing)} do not exist; pass --create-topics to create them")
         result = RestoreResult(0, 0, 0.0, plans, missing if self.create_topics else [], dry_run=self.dry_run)
         if self.dry_run:
             return result
@@ -226,7 +226,7 @@ class RestoreRun:
                 try:
                     f.result()
                 except Exception as e:  # KafkaException carries the broker's reason
-                    raise KbsError(f"cannot create topic {t}: {e}") from e
+                    raise KafkaClusterError(f"cannot create topic {t}: {e}") from e
             _wait_for_topics(admin, missing, self.timeout)
         result.retention_warnings = _retention_warnings(admin, plans, self.timeout)
         for msg in result.retention_warnings:
@@ -286,7 +286,7 @@ class RestoreRun:
             try:
                 futs[gid].result()
             except Exception as e:
-                raise KbsError(f"cannot set offsets of consumer group {gid}: {e}") from e
+                raise KafkaClusterError(f"cannot set offsets of consumer group {gid}: {e}") from e
             out[gid] = table
         return out
 
@@ -423,5 +423,5 @@ def _wait_for_topics(admin: Any, topics: list[str], timeout: float) -> None:
         if ready:
             return
         if time.monotonic() > deadline:
-            raise KbsError(f"created topics {topics} did not get partition leaders in {timeout} s")
+            raise KafkaClusterError(f"created topics {topics} did not get partition leaders in {timeout} s")
         time.sleep(0.1)
