@@ -75,20 +75,9 @@ def offsets_json(name: str, text: str | None, *, ending: bool,
         if not ending and not stream and word == "latest":
             raise ValueError(f"option {name!r}: 'latest' is not allowed for a starting offset in a batch read")
         return word, {}
-    try:
-        doc = json.loads(stripped)
-    except ValueError as e:
-        raise ValueError(f"option {name!r} must be 'earliest', 'latest' or JSON like "
-                         f'{{"topic": {{"0": 23}}}}, got {text!r}') from e
-    if not isinstance(doc, dict):
-        raise ValueError(f"option {name!r} must be a JSON object of topics, got {text!r}")
-    out: dict[str, dict[str, int]] = {}
-    for topic, parts in doc.items():
-        if not isinstance(parts, dict):
-            raise ValueError(f"option {name!r}: topic {topic!r} must map partitions to offsets")
+    out = _partition_json(name, stripped, "'earliest', 'latest' or JSON like", "23", "offsets")
+    for topic, parts in out.items():
         for part, off in parts.items():
-            if not re.fullmatch(r"0|[1-9]\d*", str(part)) or isinstance(off, bool) or not isinstance(off, int):
-                raise ValueError(f"option {name!r}: bad entry {part!r}: {off!r} for topic {topic!r}")
             if off < EARLIEST:
                 raise ValueError(f"option {name!r}: offset {off} of {topic}/{part} (use >= 0, -2 earliest, -1 latest)")
             if ending and off == EARLIEST:
@@ -96,7 +85,6 @@ def offsets_json(name: str, text: str | None, *, ending: bool,
             if not ending and not stream and off == LATEST:
                 raise ValueError(f"option {name!r}: -1 (latest) is not allowed as a starting offset "
                                  f"in a batch read ({topic}/{part})")
-            out.setdefault(str(topic), {})[str(int(part))] = off
     return None, out
 
 
@@ -194,22 +182,28 @@ def _timestamps_json(name: str, text: str | None) -> dict[str, dict[str, int]]:
     """``{"topic": {"0": 1700000000000}}`` (Unix ms per partition) as in the Kafka source."""
     if text is None or text.strip() == "":
         return {}
+    return _partition_json(name, text, "JSON like", "1700000000000", "timestamps",
+                           hint=" (a partition number and Unix ms)")
+
+
+def _partition_json(name: str, text: str, expected: str, example: str, what: str,
+                    hint: str = "") -> dict[str, dict[str, int]]:
+    """``{"topic": {"0": <int>}}``, the per-partition JSON of the Kafka source's options:
+    a partition number and an integer (not a bool) per entry."""
     try:
         doc = json.loads(text)
     except ValueError as e:
-        raise ValueError(f"option {name!r} must be JSON like {{\"topic\": {{\"0\": 1700000000000}}}}, "
-                         f"got {text!r}") from e
+        raise ValueError(f"option {name!r} must be {expected} {{\"topic\": {{\"0\": {example}}}}}, got {text!r}") from e
     if not isinstance(doc, dict):
         raise ValueError(f"option {name!r} must be a JSON object of topics, got {text!r}")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in doc.items():
         if not isinstance(parts, dict):
-            raise ValueError(f"option {name!r}: topic {topic!r} must map partitions to timestamps")
-        for part, ts in parts.items():
-            if not re.fullmatch(r"0|[1-9]\d*", str(part)) or isinstance(ts, bool) or not isinstance(ts, int):
-                raise ValueError(f"option {name!r}: bad entry {part!r}: {ts!r} for topic {topic!r} "
-                                 "(a partition number and Unix ms)")
-            out.setdefault(str(topic), {})[str(int(part))] = ts
+            raise ValueError(f"option {name!r}: topic {topic!r} must map partitions to {what}")
+        for part, value in parts.items():
+            if not re.fullmatch(r"0|[1-9]\d*", str(part)) or isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"option {name!r}: bad entry {part!r}: {value!r} for topic {topic!r}{hint}")
+            out.setdefault(str(topic), {})[str(int(part))] = value
     return out
 
 
