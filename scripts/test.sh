@@ -29,4 +29,8 @@ elif [[ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]] \
     npm ci --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error
 fi
 "$VENV/bin/ruff" check fsspec_kbs tests benchmarks examples
+# The README's main job, as a newcomer runs it (in a scratch directory: it writes ./kbs-demo).
+DEMO_DIR="$(mktemp -d)"
+(cd "$DEMO_DIR" && "$KBS_PYTHON" "$OLDPWD/examples/quickstart.py" >/dev/null)
+rm -rf "$DEMO_DIR"
 exec "$VENV/bin/python" -m pytest -ra "$@"
