@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -15,10 +16,11 @@ from fsspec_kbs.arrow.schema import COLUMNS, project
 from fsspec_kbs.errors import KbsError, SegmentFormatError
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
 from fsspec_kbs.format import RecordColumns, ViewColumns
-from fsspec_kbs.format.segment import Decoded, run_in_order
+from fsspec_kbs.format.segment import Decoded
 from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
 from fsspec_kbs.store.backup import Bounds
 from fsspec_kbs.store.opened import OpenedSegment
+from fsspec_kbs.threads import run_in_order, worker_pool
 
 _ROW_COLUMNS = ("offset", "timestamp")
 
@@ -379,13 +381,14 @@ def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool, worker
     A segment opened ahead is held whole only when below ``backup.stream_min_bytes``
     (4 MiB): the segments held ahead stay below ``workers * 4 MiB``.
     """
-    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-read")
+    pool = worker_pool("io", workers)
     ahead: deque[tuple[SegmentRef, cf.Future]] = deque()
     it = iter(refs)
     try:
         while True:
             for ref in it:
-                ahead.append((ref, pool.submit(backup.open_chunks, ref, verify, bounds and bounds(ref))))
+                ahead.append((ref, pool.submit(functools.partial(backup.open_chunks, ref, verify,
+                                                                 bounds and bounds(ref)))))
                 if len(ahead) >= workers:
                     break
             if not ahead:
@@ -395,4 +398,3 @@ def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool, worker
         for _ref, fut in ahead:
             if not fut.cancel() and fut.exception() is None:
                 fut.result().close()  # a stream opened ahead and never read
-        pool.shutdown(wait=False)

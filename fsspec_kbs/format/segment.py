@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import functools
-import os
-import queue
 import struct
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from fsspec_kbs.errors import (
     BadMagicError,
@@ -33,146 +29,7 @@ from fsspec_kbs.format.records import (
     ViewsBuilder,
     as_uint8,
 )
-
-#: Chunks of one segment decoded at once by :meth:`SegmentReader.iter_columns` by default.
-DECODE_THREADS = max(1, min(2, os.cpu_count() or 1))
-#: Chunks of one segment in flight per decoding thread. With one each, a thread that finished
-#: early sat idle until the consumer took the chunk before it (1.35-1.55x on two cores); with
-#: two, 1.65-1.7x, for a few more MB in flight (2 MiB chunks).
-CHUNKS_AHEAD_PER_THREAD = 2
-_pool: _DecodePool | None = None
-_pool_lock = threading.Lock()
-
-
-class _DecodePool:
-    """Daemon threads running the decode tasks of every :func:`run_in_order` of the process.
-
-    Lighter than an executor: a task is a tuple on one queue and its result a tuple on its run's
-    queue, with no future, lock or condition per task. Those held the GIL for a few % of a
-    threaded scan, and the GIL is what limits two decoding threads.
-    """
-
-    def __init__(self, n: int) -> None:
-        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(n):
-            threading.Thread(target=self._work, name=f"kbs-decode-{i}", daemon=True).start()
-
-    def _work(self) -> None:
-        get = self.tasks.get
-        while True:
-            run, seq, fn = get()
-            if not run.closed:  # else its consumer went away: skip what it left queued
-                try:
-                    result = fn()
-                except BaseException as e:  # raised by the consumer, in order
-                    result = _Raised(e)
-                run.results.put((seq, result))
-                result = None
-            run = fn = None  # hold nothing of a task while waiting for the next
-
-
-class _Run:
-    """One :func:`run_in_order` call: where its results arrive; ``closed`` once it is abandoned."""
-
-    __slots__ = ("closed", "results")
-
-    def __init__(self) -> None:
-        self.results: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed = False
-
-
-def _decode_pool() -> _DecodePool:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = _DecodePool(max(2, DECODE_THREADS))
-        return _pool
-
-
-def _forget_pool() -> None:
-    global _pool
-    _pool = None  # a forked child has none of the parent's threads
-
-
-if hasattr(os, "register_at_fork"):  # Unix
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def default_threads() -> int:
-    """Decoding threads of a read that does not say (:data:`DECODE_THREADS`)."""
-    return DECODE_THREADS
-
-
-class _Raised:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def run_in_order(tasks: Iterable[tuple[Any, Callable[[], Any] | None]],
-                 threads: int | None = None) -> Iterator[tuple[Any, Any]]:
-    """``(key, fn)`` pairs -> ``(key, fn())`` pairs, in order.
-
-    With ``threads`` > 1 (default: :func:`default_threads`) up to ``threads *``
-    :data:`CHUNKS_AHEAD_PER_THREAD` of the ``fn`` run ahead on the shared decode pool, whose
-    work (decompression, checksums, record kernels) releases the GIL. A ``None`` fn passes its
-    key through in its place (result ``None``) without taking a slot. An error raised by an
-    ``fn``, or by the iteration of ``tasks`` itself, is raised in its place too: after the
-    results before it.
-    """
-    threads = default_threads() if threads is None else threads
-    if threads <= 1:
-        for key, fn in tasks:
-            yield key, None if fn is None else fn()
-        return
-    put = _decode_pool().tasks.put
-    run = _Run()
-    limit = threads * CHUNKS_AHEAD_PER_THREAD
-    pending: deque[tuple[Any, int | _Raised | None]] = deque()  # key, and its task's number
-    done: dict[int, Any] = {}  # results that arrived before the ones ahead of them
-    running = seq = 0
-    it: Iterator[tuple[Any, Callable[[], Any] | None]] | None = iter(tasks)
-
-    def fill() -> None:
-        nonlocal running, seq, it
-        while it is not None and running < limit:
-            try:
-                key, fn = next(it)
-            except StopIteration:
-                it = None
-                return
-            except Exception as e:
-                pending.append((None, _Raised(e)))
-                it = None
-                return
-            if fn is None:
-                pending.append((key, None))
-            else:
-                put((run, seq, fn))
-                pending.append((key, seq))
-                seq += 1
-                running += 1
-
-    try:
-        fill()
-        while pending:
-            key, n = pending.popleft()
-            if isinstance(n, _Raised):
-                raise n.error
-            if n is None:
-                yield key, None
-                continue
-            while n not in done:
-                got, value = run.results.get()
-                done[got] = value
-            result = done.pop(n)
-            running -= 1
-            fill()
-            if isinstance(result, _Raised):
-                raise result.error
-            yield key, result
-    finally:
-        run.closed = True
-
+from fsspec_kbs.threads import run_in_order
 
 Decoded = tuple["RecordColumns | ViewColumns", int]
 #: A chunk's batches and the call that decodes them: (columns, share of the CRC-64).
@@ -627,8 +484,8 @@ class SegmentReader:
                      views: bool = False) -> Iterator[RecordColumns | ViewColumns]:
         """Decode the segment in chunks of whole batches of about ``max_chunk_bytes``.
 
-        With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to ``threads *``
-        :data:`CHUNKS_AHEAD_PER_THREAD` chunks are decoded ahead on a shared pool:
+        With ``threads`` > 1 (default: :data:`~fsspec_kbs.threads.DECODE_THREADS`) chunks are
+        decoded ahead (:func:`~fsspec_kbs.threads.run_in_order`) on the compute pool:
         decompression, the CRCs and the record kernels release the GIL, so one large segment
         uses every core while only it (compressed) and a few chunks are in memory. Chunks are
         still yielded, checked and failed in order. With ``views`` the chunks are
@@ -684,10 +541,11 @@ def compress_batch(batch: EncodedBatch, codec: Codec, level: int | None = None) 
     )
 
 
-def assemble_segment(
+def segment_parts(
     batches: Sequence[CompressedBatch], codec: Codec, flags: int = 0
-) -> tuple[bytes, SegmentStats]:
-    """Lay out header, batches and footer of a complete segment file."""
+) -> tuple[list[bytes], SegmentStats]:
+    """Header, batch headers and frames, and footer of a complete segment file, in file order
+    (written one after another, a local segment is never copied into one buffer)."""
     parts: list[bytes] = []
     crc = crc64_xz(b"")
     for b in batches:
@@ -700,19 +558,27 @@ def assemble_segment(
     last = batches[-1].last_offset if batches else 0
     header = SegmentHeader(codec, flags, first, records, crc).pack()
     footer = SegmentFooter(last, len(batches)).pack()
-    data = b"".join([header, *parts, footer])
+    parts = [header, *parts, footer]
     stats = SegmentStats(
         first_offset=first,
         last_offset=last,
         records=records,
         min_timestamp=min(b.min_timestamp for b in batches) if batches else None,
         max_timestamp=max(b.max_timestamp for b in batches) if batches else None,
-        size_bytes=len(data),
+        size_bytes=sum(map(len, parts)),
         crc64=crc,
         uncompressed_bytes=sum(b.uncompressed_size for b in batches),
         batches=len(batches),
     )
-    return data, stats
+    return parts, stats
+
+
+def assemble_segment(
+    batches: Sequence[CompressedBatch], codec: Codec, flags: int = 0
+) -> tuple[bytes, SegmentStats]:
+    """Lay out header, batches and footer of a complete segment file."""
+    parts, stats = segment_parts(batches, codec, flags)
+    return b"".join(parts), stats
 
 
 def encode_segment(

@@ -2,25 +2,39 @@
 
 Uses confluent-kafka (librdkafka). Backups are read only through :class:`fsspec_kbs.KbsDataset`,
 so every layout :func:`fsspec_kbs.store.open_backup` detects can be restored.
+
+The names below load on first use (PEP 562): a backup does not import the restore's reading
+stack (pyarrow and the dataset), about 30 MB of resident memory it has no use for.
 """
 
-from fsspec_kbs.kafka.backup import (
-    BackupResult,
-    BackupRun,
-    IncrementalGapWarning,
-    run_backup,
-)
-from fsspec_kbs.kafka.config import load_client_config, merge_client_config
-from fsspec_kbs.kafka.consume import BackupMemory
-from fsspec_kbs.kafka.groups import GROUPS_FILE, GroupOffsets, read_group_offsets
-from fsspec_kbs.kafka.produce import RestoreIncompleteError
-from fsspec_kbs.kafka.restore import (
-    RestoreResult,
-    RestoreRun,
-    RetentionWarning,
-    parse_offset_ranges,
-    run_restore,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fsspec_kbs.kafka.backup import BackupResult, BackupRun, IncrementalGapWarning, run_backup
+    from fsspec_kbs.kafka.config import load_client_config, merge_client_config
+    from fsspec_kbs.kafka.consume import BackupMemory
+    from fsspec_kbs.kafka.groups import GROUPS_FILE, GroupOffsets, read_group_offsets
+    from fsspec_kbs.kafka.produce import RestoreIncompleteError
+    from fsspec_kbs.kafka.restore import (
+        RestoreResult,
+        RestoreRun,
+        RetentionWarning,
+        parse_offset_ranges,
+        run_restore,
+    )
+
+_EXPORTS = {
+    **dict.fromkeys(("BackupResult", "BackupRun", "IncrementalGapWarning", "run_backup"), "backup"),
+    **dict.fromkeys(("load_client_config", "merge_client_config"), "config"),
+    "BackupMemory": "consume",
+    **dict.fromkeys(("GROUPS_FILE", "GroupOffsets", "read_group_offsets"), "groups"),
+    "RestoreIncompleteError": "produce",
+    **dict.fromkeys(("RestoreResult", "RestoreRun", "RetentionWarning", "parse_offset_ranges", "run_restore"),
+                    "restore"),
+}
 
 __all__ = [
     "GROUPS_FILE",
@@ -40,3 +54,16 @@ __all__ = [
     "run_backup",
     "run_restore",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

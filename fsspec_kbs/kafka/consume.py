@@ -329,13 +329,19 @@ class _CutReader:
 
 
 _KEY, _HEADERS = methodcaller("key"), methodcaller("headers")
+_HKEY, _HVALUE = itemgetter(0), itemgetter(1)
 
 
 def _run_bytes(run: list[Any]) -> int:
     """Bytes a run of messages holds: values, keys and headers (``len(message)`` is only the
-    value's, so a topic of tombstones with large keys or headers would not count at all)."""
+    value's, so a topic of tombstones with large keys or headers would not count at all).
+    C-level maps only: this runs on the consuming thread."""
     values = sum(map(len, run))
     keys = sum(map(len, filter(None, map(_KEY, run))))
-    headers = sum(len(k) + len(v or b"") for hs in filter(None, map(_HEADERS, run)) for k, v in hs)
-    return values + keys + headers
-
+    hdrs = list(filter(None, map(_HEADERS, run)))
+    if not hdrs:
+        return values + keys
+    flat = list(chain.from_iterable(hdrs))
+    # header keys are str: their length in characters, close enough for a memory bound
+    return (values + keys + sum(map(len, map(_HKEY, flat)))
+            + sum(map(len, filter(None, map(_HVALUE, flat)))))

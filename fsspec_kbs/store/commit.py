@@ -36,6 +36,11 @@ CREATE_ONLY_PROTOCOLS = frozenset({"file", "local", "memory", "s3", "s3a", "gs",
 _MEMORY_LOCK = threading.Lock()
 
 
+#: A file's bytes, or its parts in order (a list: written one after another where the store
+#: allows, instead of first joined into one buffer).
+FileData = bytes | bytearray | memoryview | list[bytes]
+
+
 def _protocols(fs: fsspec.AbstractFileSystem) -> set[str]:
     proto = fs.protocol
     return {proto} if isinstance(proto, str) else set(proto)
@@ -63,19 +68,23 @@ def _fsync_dir(directory: str) -> None:
         os.close(dfd)
 
 
-def _write_local_tmp(local: str, data: bytes) -> str:
+def _write_local_tmp(local: str, data: FileData) -> str:
     directory = os.path.dirname(local)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(local)}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        if isinstance(data, list):
+            f.writelines(data)
+        else:
+            f.write(data)
         f.flush()
         os.fsync(f.fileno())
     return tmp
 
 
-def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that no reader ever sees a partial file.
+def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: FileData) -> None:
+    """Write ``data`` (or its parts, one after another) to ``path`` so that no reader ever
+    sees a partial file.
 
     Local disks: write a temporary file in the same directory, fsync it, then ``os.replace``
     (atomic on POSIX) and fsync the directory. Object stores (s3, gcs, azure) and memory://
@@ -93,7 +102,7 @@ def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         return
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
-    fs.pipe_file(path, data)
+    fs.pipe_file(path, b"".join(data) if isinstance(data, list) else data)
 
 
 def put_create(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -131,7 +140,7 @@ def put_create(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         raise
 
 
-def put_file(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+def put_file(fs: fsspec.AbstractFileSystem, path: str, data: FileData) -> None:
     """Write a segment (or other data file); the manifest is what makes it visible."""
     put_atomic(fs, path, data)
 

@@ -6,7 +6,7 @@ import concurrent.futures as cf
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,7 +21,6 @@ from fsspec_kbs.format import (
     EncodedBatch,
     RecordColumns,
     SegmentStats,
-    assemble_segment,
     compress_batch,
     plan_encode,
 )
@@ -34,6 +33,7 @@ from fsspec_kbs.format.batch_index import (
 )
 from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
+from fsspec_kbs.format.segment import segment_parts
 from fsspec_kbs.store.backup import KbsBackup, resolve
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import (
@@ -62,8 +62,8 @@ from fsspec_kbs.store.names import (
     segment_name,
 )
 from fsspec_kbs.store.txn import BackupState, FaultHook, Move, Transaction, json_of
+from fsspec_kbs.threads import worker_pool
 
-_POOLS: dict[int, cf.ThreadPoolExecutor] = {}
 #: Input bytes whose batches may be encoded and compressed ahead of the writer. Each batch is
 #: encoded only when a thread takes it and dropped once compressed, so what waits is mostly
 #: compressed. Writing a segment holds up new work; with two batches per thread the threads
@@ -71,28 +71,6 @@ _POOLS: dict[int, cf.ThreadPoolExecutor] = {}
 #: whole write up front, as before, held it a second time uncompressed (+535 MB of peak RSS
 #: against +170 MB now).
 COMPRESS_AHEAD_BYTES = 64 * 1024 * 1024
-
-
-def _compress_pool(workers: int) -> cf.ThreadPoolExecutor:
-    """One shared pool per size: writers come and go, threads stay."""
-    if workers not in _POOLS:
-        _POOLS[workers] = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbs-compress")
-    return _POOLS[workers]
-
-
-def _ordered_map(pool: cf.Executor, fn: Callable[[Any], Any], items: list[Any], window: int) -> Iterator[Any]:
-    """``map(fn, items)`` on ``pool``, in order, with at most ``window`` calls queued or running."""
-    pending: deque[cf.Future] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:  # abandoned (an error, or the caller stopped): run nothing more
-            f.cancel()
 
 
 def check_offsets(topic: str, partition: int, offsets: np.ndarray, last_offset: int) -> None:
@@ -435,7 +413,7 @@ class BackupWriter:
             job: cf.Future = cf.Future()
             job.set_result(compress_batch(encode(), self.codec, self.level))
         else:
-            job = _compress_pool(self.compress_threads).submit(
+            job = worker_pool("compute", self.compress_threads).submit(
                 lambda: compress_batch(encode(), self.codec, self.level))
         self._queue.append(_Queued(key, job, input_bytes))
         self._queued_bytes += input_bytes
@@ -481,7 +459,7 @@ class BackupWriter:
         part = self._parts[(topic, partition)]
         if not part.pending:
             return
-        data, stats = assemble_segment(part.pending, self.codec)
+        data, stats = segment_parts(part.pending, self.codec)
         seq = part.next_seq
         path = f"{partition_dir(self._root, topic, partition)}/{segment_name(seq)}"
         put_file(self.fs, path, data)

@@ -9,17 +9,12 @@ never a crash.
 
 from __future__ import annotations
 
-import functools
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -41,10 +36,8 @@ from fsspec_kbs.format.records import (
     encode_batches,
 )
 from fsspec_kbs.format.segment import (
-    CHUNKS_AHEAD_PER_THREAD,
     SegmentReader,
     encode_segment,
-    run_in_order,
 )
 from fsspec_kbs.store import BackupWriter
 from tests.conftest import CONFORMANCE
@@ -400,80 +393,6 @@ def test_decoded_columns_live_in_the_arrow_pool_and_are_exact() -> None:
         # Each array is a whole buffer of Arrow's pool, of exactly the size its rows need.
         assert isinstance(arr.base, pa.Buffer), f
         assert arr.base.size == max(1, arr.nbytes), f
-
-
-def _squares_in_a_child(out: Any) -> None:
-    out.put([r for _k, r in run_in_order(((i, functools.partial(pow, i, 2)) for i in range(20)), 2)])
-
-
-def test_run_in_order_works_in_a_forked_child() -> None:
-    """A child forked after the decode pool started has none of its threads: it starts its own."""
-    assert [r for _k, r in run_in_order(((i, functools.partial(pow, i, 2)) for i in range(5)), 2)] == \
-        [0, 1, 4, 9, 16]
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_squares_in_a_child, args=(out,))
-    child.start()
-    try:
-        assert out.get(timeout=60) == [i * i for i in range(20)]
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-
-
-def test_run_in_order_keeps_order_bounds_the_window_and_raises_in_place() -> None:
-    running = [0]
-    peak = [0]
-    lock = threading.Lock()
-
-    def work(i: int) -> int:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        time.sleep(0.002 * (i % 3))  # out-of-order completion
-        with lock:
-            running[0] -= 1
-        return i * i
-
-    def tasks(n: int, fail_at: int | None = None, break_at: int | None = None):  # type: ignore[no-untyped-def]
-        for i in range(n):
-            if i == break_at:
-                raise ValueError("tasks broke")
-            yield i, (None if i % 5 == 4 else functools.partial(work, i) if i != fail_at else _boom)
-
-    for threads in (1, 2):
-        out = list(run_in_order(tasks(40), threads))
-        assert out == [(i, None if i % 5 == 4 else i * i) for i in range(40)]
-    assert peak[0] <= 2  # the pool's two threads
-
-    # An error of a task, or of the task iterator, comes after every result before it.
-    for kwargs, message in (({"fail_at": 12}, "task failed"), ({"break_at": 12}, "tasks broke")):
-        got = []
-        with pytest.raises(ValueError, match=message):
-            for key, _ in run_in_order(tasks(40, **kwargs), 2):
-                got.append(key)
-        assert got == list(range(12))
-
-    # Tasks run ahead by at most threads * CHUNKS_AHEAD_PER_THREAD; closing early cancels the rest.
-    started = []
-
-    def slow(i: int) -> int:
-        started.append(i)
-        time.sleep(0.01)
-        return i
-
-    it = run_in_order(((i, functools.partial(slow, i)) for i in range(100)), 2)
-    next(it)
-    time.sleep(0.1)
-    assert len(started) <= 2 * CHUNKS_AHEAD_PER_THREAD + 1
-    it.close()
-    time.sleep(0.1)
-    assert len(started) <= 2 * CHUNKS_AHEAD_PER_THREAD + 1
-
-
-def _boom() -> None:
-    raise ValueError("task failed")
 
 
 def test_dataset_streams_in_order_with_threads(tmp_path: Path) -> None:

@@ -188,33 +188,6 @@ def test_compression_threads_write_the_same_bytes(tmp_path: Path) -> None:
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, three, strict=True))
 
 
-def test_ordered_map_keeps_order_and_bounds_work_ahead() -> None:
-    import concurrent.futures as cf
-    import threading
-
-    from fsspec_kbs.store.writer import _ordered_map
-
-    started: list[int] = []
-    lock = threading.Lock()
-
-    def work(i: int) -> int:
-        with lock:
-            started.append(i)
-        if i == 7:
-            raise ValueError("batch 7")
-        return i * i
-
-    with cf.ThreadPoolExecutor(2) as pool:
-        it = _ordered_map(pool, work, list(range(100)), window=4)
-        assert next(it) == 0
-        pool.submit(lambda: None).result()  # let queued work start
-        assert len(started) <= 5  # the window, plus the one submitted after taking the first
-        assert [next(it) for _ in range(6)] == [1, 4, 9, 16, 25, 36]
-        with pytest.raises(ValueError, match="batch 7"):
-            next(it)
-    assert max(started) < 7 + 4 + 1  # nothing far past the failure was started
-
-
 def test_a_failed_compression_breaks_the_writer_instead_of_leaving_a_hole(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A batch lost to an error must never be committed around: the writer refuses to commit
     (and to take more records) until it is aborted."""
