@@ -228,8 +228,9 @@ def _check_offsets(o: KbsOptions, extents: Extents) -> None:
                         "backup; set failOnDataLoss=false to read what it has")
 
 
-def _by_partition(backup: KbsBackup) -> tuple[dict[tuple[str, int], list[SegmentRef]], Extents]:
-    """The backup's refs per topic-partition, and each partition's extent."""
+def refs_by_partition(backup: KbsBackup) -> tuple[dict[tuple[str, int], list[SegmentRef]], Extents]:
+    """The backup's refs per topic-partition (in the manifest's order), and each partition's
+    extent (None where a ref has no offsets: a 1.0 manifest)."""
     by_part: dict[tuple[str, int], list[SegmentRef]] = {}
     for ref in backup.segments():
         by_part.setdefault((ref.topic, ref.partition), []).append(ref)
@@ -278,7 +279,7 @@ def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
     sf = o.scan_filter().and_(pushed)
     if sf.start_time is not None and sf.end_time is not None and sf.start_time >= sf.end_time:
         return []
-    by_part, extents = _by_partition(backup)
+    by_part, extents = refs_by_partition(backup)
     if o.fail_on_data_loss:
         _check_requested(o, extents)
         _check_offsets(o, extents)

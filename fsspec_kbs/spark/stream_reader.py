@@ -42,6 +42,7 @@ from fsspec_kbs.spark.reader import (
     KbsReader,
     input_partitions,
     open_for_planning,
+    refs_by_partition,
     starting_offset_at,
 )
 from fsspec_kbs.store import KbsBackup, SegmentRef
@@ -193,18 +194,15 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.info("kbs stream: no backup at %s yet (%s)", o.path, type(e).__name__)
                 return _Snapshot(None, None, {}, {})
         sf = o.scan_filter()
-        refs: dict[tuple[str, int], list[SegmentRef]] = {}
-        for ref in backup.segments():
-            if sf.wants_partition(ref.topic, ref.partition) and o.wants(ref.topic, ref.partition):
-                refs.setdefault((ref.topic, ref.partition), []).append(ref)
+        by_part, all_extents = refs_by_partition(backup)
+        refs = {k: rs for k, rs in by_part.items() if sf.wants_partition(*k) and o.wants(*k)}
         extents = {}
-        for k, rs in refs.items():
-            firsts = [r.first_offset for r in rs if r.first_offset is not None]
-            lasts = [r.last_offset for r in rs if r.last_offset is not None]
-            if len(firsts) != len(rs) or len(lasts) != len(rs):
+        for k in refs:
+            lo, hi = all_extents[k]
+            if lo is None or hi is None:
                 raise UnsupportedVersionError(f"{o.path}: partition {k[0]}/{k[1]} has segments without offsets in its "
                                "manifest (a 1.0 manifest); a stream needs them: rewrite it with `kbs convert`")
-            extents[k] = (min(firsts), max(lasts) + 1)
+            extents[k] = (lo, hi)
         self._snapshot = _Snapshot(backup, crc, refs, extents)
         return self._snapshot
 
