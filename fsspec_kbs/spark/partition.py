@@ -1,7 +1,7 @@
 """What a Spark input partition carries, and how the driver groups pieces of segments into them.
 
 Pure data and arithmetic, no I/O. The driver plans :class:`SegmentPiece` s (a batch read in
-:func:`fsspec_kbs.spark.reader.plan`, a micro-batch in the stream reader), groups them with
+:func:`fsspec_kbs.spark.planning.plan`, a micro-batch in the stream reader), groups them with
 :func:`group_pieces`, and ships each group as a :class:`KbsSegmentPartition`; the executor
 reads exactly those pieces. Everything here is a small frozen value that pickles cheaply: a
 task's payload holds its own segments' refs and a few numbers, never the manifest.

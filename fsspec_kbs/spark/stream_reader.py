@@ -3,7 +3,7 @@
 The stream's offset is, as in Spark's Kafka source, the next offset to read of every
 partition: ``{"topic": {"0": 123}}``. Each trigger re-reads ``manifest.json``: segments any
 writer appended since appear in the next micro-batch. A micro-batch ``[start, end)`` is
-planned like a batch read (:func:`fsspec_kbs.spark.reader.group_pieces`, the same input
+planned like a batch read (:func:`fsspec_kbs.spark.planning.input_partitions`, the same input
 partitions and executor code), from the manifest only: segments outside the range are not
 opened.
 
@@ -38,13 +38,13 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.spark.options import EARLIEST, LATEST, KbsOptions, _int, offsets_json, parse_options
 from fsspec_kbs.spark.partition import KbsSegmentPartition, SegmentPiece
-from fsspec_kbs.spark.reader import (
-    KbsReader,
+from fsspec_kbs.spark.planning import (
     input_partitions,
     open_for_planning,
     refs_by_partition,
     starting_offset_at,
 )
+from fsspec_kbs.spark.reader import KbsReader
 from fsspec_kbs.store import KbsBackup, SegmentRef
 
 log = logging.getLogger("fsspec_kbs.spark")
