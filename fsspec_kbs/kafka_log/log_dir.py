@@ -37,6 +37,7 @@ from fsspec_kbs.format.kafka_log import (
     AbortedTxn,
     KafkaBatchHeader,
     KafkaColumns,
+    LogTail,
     ReadCommittedFilter,
     TxnTracker,
     control_type,
@@ -149,6 +150,94 @@ def _warn(message: str) -> None:
     warnings.warn(message, KafkaLogWarning, stacklevel=3)
 
 
+@dataclass(frozen=True)
+class _Bounds:
+    """What one :meth:`KafkaLogDir.read_partition` reads, and in what pieces."""
+
+    start_offset: int | None
+    end_offset: int | None
+    start_time: int | None
+    max_batch_bytes: int
+    chunk_bytes: int
+
+
+@dataclass
+class _Transactions:
+    """The ``read_committed`` state of one partition read."""
+
+    #: Decides which batches a ``read_committed`` consumer gets (aborted transactions so far).
+    filter: ReadCommittedFilter
+    #: Transactions opened and aborted in the log read so far.
+    tracker: TxnTracker = field(default_factory=TxnTracker)
+    #: (producer id, first offset) of open transactions whose marker was already looked for.
+    resolved: set[tuple[int, int]] = field(default_factory=set)
+    started: bool = False
+
+    def track(self, data: bytes, pos: int, path: str, headers: list[KafkaBatchHeader]) -> dict[int, int]:
+        """Feed a segment's batches (``data`` read from byte ``pos``) to the tracker; returns the
+        control record type of each control batch by byte position."""
+        if headers and not self.started:
+            # Aborted transactions that ended before where reading starts are irrelevant (the
+            # broker leaves them out of a fetch response for the same reason).
+            self.filter.start_at(headers[0].base_offset)
+            self.started = True
+        controls: dict[int, int] = {}
+        for h in headers:
+            if h.is_control:
+                controls[h.position] = control_type(data, h, h.position - pos, path)
+            self.tracker.add(h, controls.get(h.position))
+        self.filter.add(self.tracker.aborted)
+        return controls
+
+
+def _segments_from(segs: tuple[LogSegmentFile, ...], start_offset: int | None,
+                   end_offset: int | None) -> list[LogSegmentFile]:
+    """The segments that may hold offsets in ``[start_offset, end_offset)``: from the last one
+    starting at or before ``start_offset``, up to ``end_offset``."""
+    out = list(segs)
+    if end_offset is not None:
+        out = [s for s in out if s.base_offset < end_offset]
+    if start_offset is not None:
+        first = 0
+        for i, s in enumerate(out):
+            if s.base_offset <= start_offset:
+                first = i
+        out = out[first:]
+    return out
+
+
+def _corrupt_tail(part: LogPartition, seg: LogSegmentFile, tail: LogTail, on_corrupt_tail: str,
+                  stats: PartitionStats) -> None:
+    """The partition ends at ``tail`` (an invalid batch in ``seg``): raise with
+    ``on_corrupt_tail="error"``, else report it in ``stats.tail`` and as a warning."""
+    if on_corrupt_tail == "error":
+        err = tail.error or SegmentFormatError(tail.reason, seg.path, tail.position)
+        raise type(err)(f"{err.reason}; the log is not valid from byte {tail.position} on (the last "
+                        f"{tail.dropped_bytes} bytes of the file)", seg.path,
+                        err.offset if err.offset is not None else tail.position)
+    later = [s for s in part.segments if s.base_offset > seg.base_offset]
+    stats.tail = TailReport(part.topic, part.partition, seg.path, tail.position, tail.dropped_bytes,
+                            tail.reason, [s.path for s in later], sum(s.size for s in later))
+    _warn(stats.tail.message)
+
+
+def _wanted(h: KafkaBatchHeader, keep: bool, stats: PartitionStats, bounds: _Bounds) -> bool:
+    """Whether batch ``h`` is decoded: not a control batch, not aborted (``keep``: what the
+    ``read_committed`` filter says; both counted in ``stats``), not empty, in the bounds."""
+    if h.is_control:
+        stats.control_batches += 1
+        return False
+    if not keep:
+        stats.aborted_batches += 1
+        stats.aborted_records += h.records_count
+        return False
+    if h.records_count == 0:
+        return False  # compaction leaves empty batches behind to keep producer state
+    if bounds.start_offset is not None and h.last_offset < bounds.start_offset:
+        return False
+    return not (bounds.start_time is not None and h.max_timestamp < bounds.start_time)
+
+
 class KafkaLogDir:
     """A Kafka ``log.dirs`` entry on any fsspec URL.
 
@@ -258,102 +347,70 @@ class KafkaLogDir:
             raise ValueError("on_corrupt_tail must be 'truncate' or 'error'")
         if stats is None:
             stats = PartitionStats(part.topic, part.partition)
-        segs = list(part.segments)
-        if end_offset is not None:
-            segs = [s for s in segs if s.base_offset < end_offset]
-        if start_offset is not None:
-            first = 0
-            for i, s in enumerate(segs):
-                if s.base_offset <= start_offset:
-                    first = i
-            segs = segs[first:]
-        aborted: list[AbortedTxn] = []
-        for s in part.segments:
-            if s.txnindex is not None:
-                aborted.extend(parse_txn_index(self.fs.cat_file(s.txnindex), s.txnindex))
-        filt = ReadCommittedFilter(aborted)
-        tracker = TxnTracker()
-        resolved: set[tuple[int, int]] = set()
-        started = False
-        for seg in segs:
+        bounds = _Bounds(start_offset, end_offset, start_time, max_batch_bytes, chunk_bytes)
+        txns = _Transactions(ReadCommittedFilter(self._txn_index_aborts(part)))
+        for seg in _segments_from(part.segments, start_offset, end_offset):
             pos = self._seek(seg, start_offset, start_time)
             data = self.fs.cat_file(seg.path, start=pos) if pos else self.fs.cat_file(seg.path)
             headers, tail = walk_batches(data, pos, seg.path, verify_crc)
             if tail is not None:
-                if on_corrupt_tail == "error":
-                    err = tail.error or SegmentFormatError(tail.reason, seg.path, tail.position)
-                    raise type(err)(f"{err.reason}; the log is not valid from byte {tail.position} on (the last "
-                                    f"{tail.dropped_bytes} bytes of the file)", seg.path,
-                                    err.offset if err.offset is not None else tail.position)
-                later = [s for s in part.segments if s.base_offset > seg.base_offset]
-                stats.tail = TailReport(part.topic, part.partition, seg.path, tail.position, tail.dropped_bytes,
-                                        tail.reason, [s.path for s in later], sum(s.size for s in later))
-                _warn(stats.tail.message)
-            if headers and not started:
-                # Aborted transactions that ended before where reading starts are irrelevant (the
-                # broker leaves them out of a fetch response for the same reason).
-                filt.start_at(headers[0].base_offset)
-                started = True
-            controls: dict[int, int] = {}
-            for h in headers:
-                if h.is_control:
-                    controls[h.position] = control_type(data, h, h.position - pos, seg.path)
-                tracker.add(h, controls.get(h.position))
-            filt.add(tracker.aborted)
-            # Transactions still open at the end of this segment: find their markers further on
-            # (once per transaction, however many segments it spans).
-            pending = {pid: first for pid, first in tracker.open.items() if (pid, first) not in resolved}
-            if pending:
-                rest = [] if tail is not None else [s for s in part.segments if s.base_offset > seg.base_offset]
-                found, still_open = self._lookahead(rest, dict(pending))
-                filt.add(found)
-                resolved.update((pid, first) for pid, first in pending.items() if pid not in still_open)
-                if still_open:
-                    # No marker before the log ends: never committed, so a consumer never sees them.
-                    unfinished = [AbortedTxn(first, pid) for pid, first in still_open.items()]
-                    new = [t for t in unfinished if t not in stats.open_transactions]
-                    if new:
-                        stats.open_transactions.extend(new)
-                        _warn(f"{part.topic}-{part.partition}: {len(new)} transaction(s) have no commit or abort "
-                              f"marker where the log ends (producer ids {sorted(t.producer_id for t in new)}); "
-                              "their records are left out")
-                    filt.add(unfinished)
-            yield from self._decode(data, pos, seg.path, headers, controls, filt, stats, start_offset, end_offset,
-                                    start_time, max_batch_bytes, chunk_bytes)
+                _corrupt_tail(part, seg, tail, on_corrupt_tail, stats)
+            controls = txns.track(data, pos, seg.path, headers)
+            # Transactions still open at the end of this segment: find their markers further on.
+            later = [] if tail is not None else [s for s in part.segments if s.base_offset > seg.base_offset]
+            self._close_open(part, later, txns, stats)
+            yield from self._decode(data, pos, seg.path, headers, controls, txns.filter, stats, bounds)
             if tail is not None:
                 return
 
+    def _txn_index_aborts(self, part: LogPartition) -> list[AbortedTxn]:
+        """The aborted transactions the partition's ``.txnindex`` files list."""
+        aborted: list[AbortedTxn] = []
+        for s in part.segments:
+            if s.txnindex is not None:
+                aborted.extend(parse_txn_index(self.fs.cat_file(s.txnindex), s.txnindex))
+        return aborted
+
+    def _close_open(self, part: LogPartition, later: list[LogSegmentFile], txns: _Transactions,
+                    stats: PartitionStats) -> None:
+        """Look for the markers of the transactions open at a segment's end in the ``later``
+        segments (once per transaction, however many segments it spans); those without one
+        where the log ends were never committed: left out, with a warning."""
+        pending = {pid: first for pid, first in txns.tracker.open.items() if (pid, first) not in txns.resolved}
+        if not pending:
+            return
+        found, still_open = self._lookahead(later, dict(pending))
+        txns.filter.add(found)
+        txns.resolved.update((pid, first) for pid, first in pending.items() if pid not in still_open)
+        if not still_open:
+            return
+        unfinished = [AbortedTxn(first, pid) for pid, first in still_open.items()]
+        new = [t for t in unfinished if t not in stats.open_transactions]
+        if new:
+            stats.open_transactions.extend(new)
+            _warn(f"{part.topic}-{part.partition}: {len(new)} transaction(s) have no commit or abort "
+                  f"marker where the log ends (producer ids {sorted(t.producer_id for t in new)}); "
+                  "their records are left out")
+        txns.filter.add(unfinished)
+
     def _decode(self, data: bytes, pos: int, path: str, headers: list[KafkaBatchHeader], controls: dict[int, int],
-                filt: ReadCommittedFilter, stats: PartitionStats, start_offset: int | None, end_offset: int | None,
-                start_time: int | None, max_batch_bytes: int, chunk_bytes: int) -> Iterator[KafkaColumns]:
+                filt: ReadCommittedFilter, stats: PartitionStats, bounds: _Bounds) -> Iterator[KafkaColumns]:
         group: list[KafkaBatchHeader] = []
         size = count = 0
         for h in headers:
-            if end_offset is not None and h.base_offset >= end_offset:
+            if bounds.end_offset is not None and h.base_offset >= bounds.end_offset:
                 break
-            keep = filt.keep(h, controls.get(h.position))
-            if h.is_control:
-                stats.control_batches += 1
-                continue
-            if not keep:
-                stats.aborted_batches += 1
-                stats.aborted_records += h.records_count
-                continue
-            if h.records_count == 0:
-                continue  # compaction leaves empty batches behind to keep producer state
-            if start_offset is not None and h.last_offset < start_offset:
-                continue
-            if start_time is not None and h.max_timestamp < start_time:
+            if not _wanted(h, filt.keep(h, controls.get(h.position)), stats, bounds):
                 continue
             group.append(h)
             size += h.size
             count += h.records_count
             # Compressed size alone would make huge chunks of well-compressed data; cap records too.
-            if size >= chunk_bytes or count >= CHUNK_RECORDS:
-                yield self._emit(data, pos, path, group, stats, max_batch_bytes)
+            if size >= bounds.chunk_bytes or count >= CHUNK_RECORDS:
+                yield self._emit(data, pos, path, group, stats, bounds.max_batch_bytes)
                 group, size, count = [], 0, 0
         if group:
-            yield self._emit(data, pos, path, group, stats, max_batch_bytes)
+            yield self._emit(data, pos, path, group, stats, bounds.max_batch_bytes)
 
     @staticmethod
     def _emit(data: bytes, pos: int, path: str, group: list[KafkaBatchHeader], stats: PartitionStats,

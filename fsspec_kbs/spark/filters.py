@@ -12,39 +12,12 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from pyspark.sql import datasource as ds
+
 from fsspec_kbs.filters import ScanFilter
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _US = dt.timedelta(microseconds=1)
-
-
-def scan_filter_to_dict(sf: ScanFilter) -> dict:
-    """Plain JSON-able form (str/int/list/dict only) so readers and partitions pickle trivially."""
-    return {
-        "topics": None if sf.topics is None else sorted(sf.topics),
-        "topic_pattern": sf.topic_pattern,
-        "partitions": None if sf.partitions is None else sorted(sf.partitions),
-        "start_offset": sf.start_offset,
-        "end_offset": sf.end_offset,
-        "start_time": sf.start_time,
-        "end_time": sf.end_time,
-        "offset_ranges": [[t, p, s, e] for (t, p), (s, e) in sorted(sf.offset_ranges.items())],
-    }
-
-
-def scan_filter_from_dict(d: dict | None) -> ScanFilter:
-    if not d:
-        return ScanFilter()
-    return ScanFilter(
-        topics=None if d.get("topics") is None else frozenset(d["topics"]),
-        topic_pattern=d.get("topic_pattern"),
-        partitions=None if d.get("partitions") is None else frozenset(d["partitions"]),
-        start_offset=d.get("start_offset"),
-        end_offset=d.get("end_offset"),
-        start_time=d.get("start_time"),
-        end_time=d.get("end_time"),
-        offset_ranges={(t, int(p)): (s, e) for t, p, s, e in d.get("offset_ranges", [])},
-    )
 
 
 def _micros(value: Any) -> int | None:
@@ -64,6 +37,10 @@ def _ceil_div(a: int, b: int) -> int:
     return -((-a) // b)
 
 
+#: Columns that are never null: ``IS NOT NULL`` on them is always true, ``IS NULL`` never.
+_NEVER_NULL = ("topic", "partition", "offset", "timestamp")
+
+
 def translate(filters: Iterable[Any]) -> tuple[ScanFilter, list[Any]]:
     """Split Spark filters into bounds this source enforces and the ones Spark must keep.
 
@@ -77,88 +54,102 @@ def translate(filters: Iterable[Any]) -> tuple[ScanFilter, list[Any]]:
     (ScanFilter, list)
         The bounds, and the filters not fully handled (the same objects, as Spark requires).
     """
-    from pyspark.sql.datasource import (
-        EqualNullSafe,
-        EqualTo,
-        GreaterThan,
-        GreaterThanOrEqual,
-        In,
-        IsNotNull,
-        IsNull,
-        LessThan,
-        LessThanOrEqual,
-        StringContains,
-        StringEndsWith,
-        StringStartsWith,
-    )
-
     sf = ScanFilter()
     rest: list[Any] = []
     for f in filters:
-        attr = getattr(f, "attribute", None)
-        col = attr[0] if isinstance(attr, tuple) and len(attr) == 1 else None
-        value = getattr(f, "value", None)
-        more: ScanFilter | None = None
-        exact = True
-        if col in ("topic", "partition", "offset", "timestamp") and isinstance(f, IsNotNull):
-            more = ScanFilter()  # these columns are never null
-        elif col in ("topic", "partition", "offset", "timestamp") and isinstance(f, IsNull):
-            more = ScanFilter(topics=frozenset())  # matches nothing
-        elif col == "topic":
-            if isinstance(f, (EqualTo, EqualNullSafe)) and isinstance(value, str):
-                more = ScanFilter(topics=frozenset([value]))
-            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in value):
-                more = ScanFilter(topics=frozenset(v for v in value if v is not None))
-            elif isinstance(f, StringStartsWith) and isinstance(value, str):
-                more = ScanFilter(topic_pattern=re.escape(value) + ".*")
-            elif isinstance(f, StringEndsWith) and isinstance(value, str):
-                more = ScanFilter(topic_pattern=".*" + re.escape(value))
-            elif isinstance(f, StringContains) and isinstance(value, str):
-                more = ScanFilter(topic_pattern=".*" + re.escape(value) + ".*")
-        elif col == "partition":
-            if isinstance(f, (EqualTo, EqualNullSafe)) and _is_int(value):
-                more = ScanFilter(partitions=frozenset([value]))
-            elif isinstance(f, In) and all(_is_int(v) or v is None for v in value):
-                more = ScanFilter(partitions=frozenset(v for v in value if v is not None))
-        elif col == "offset":
-            if isinstance(f, In) and value and all(_is_int(v) for v in value):
-                # Prunes to the span of the values; Spark still picks the exact rows.
-                more, exact = ScanFilter(start_offset=min(value), end_offset=max(value) + 1), False
-            elif _is_int(value):
-                if isinstance(f, (EqualTo, EqualNullSafe)):
-                    more = ScanFilter(start_offset=value, end_offset=value + 1)
-                elif isinstance(f, GreaterThan):
-                    more = ScanFilter(start_offset=value + 1)
-                elif isinstance(f, GreaterThanOrEqual):
-                    more = ScanFilter(start_offset=value)
-                elif isinstance(f, LessThan):
-                    more = ScanFilter(end_offset=value)
-                elif isinstance(f, LessThanOrEqual):
-                    more = ScanFilter(end_offset=value + 1)
-        elif col == "timestamp":
-            # Records hold milliseconds; literals are microseconds. Bounds are rounded so that
-            # "ms * 1000 <op> literal" holds exactly for the rows kept.
-            if isinstance(f, In) and value and all(_micros(v) is not None for v in value):
-                us = [_micros(v) for v in value]
-                more = ScanFilter(start_time=_ceil_div(min(us), 1000), end_time=max(us) // 1000 + 1)  # type: ignore[arg-type]
-                exact = False
-            else:
-                us = _micros(value)
-                if us is not None:
-                    if isinstance(f, (EqualTo, EqualNullSafe)):
-                        more = ScanFilter(start_time=_ceil_div(us, 1000), end_time=us // 1000 + 1)
-                    elif isinstance(f, GreaterThan):
-                        more = ScanFilter(start_time=us // 1000 + 1)
-                    elif isinstance(f, GreaterThanOrEqual):
-                        more = ScanFilter(start_time=_ceil_div(us, 1000))
-                    elif isinstance(f, LessThan):
-                        more = ScanFilter(end_time=_ceil_div(us, 1000))
-                    elif isinstance(f, LessThanOrEqual):
-                        more = ScanFilter(end_time=us // 1000 + 1)
-        if more is None:
+        bound = _bound(f)
+        if bound is None:
             rest.append(f)
             continue
+        more, exact = bound
         sf = sf.and_(more)
         if not exact:
             rest.append(f)
     return sf, rest
+
+
+def _bound(f: Any) -> tuple[ScanFilter, bool] | None:
+    """The bounds one filter puts on the scan and whether they are exact (Spark need not check
+    the rows again), or None: this source does not handle it."""
+    attr = getattr(f, "attribute", None)
+    col = attr[0] if isinstance(attr, tuple) and len(attr) == 1 else None
+    value = getattr(f, "value", None)
+    if col in _NEVER_NULL and isinstance(f, ds.IsNotNull):
+        return ScanFilter(), True
+    if col in _NEVER_NULL and isinstance(f, ds.IsNull):
+        return ScanFilter(topics=frozenset()), True  # matches nothing
+    if col == "topic":
+        return _exact(_topic_bound(f, value))
+    if col == "partition":
+        return _exact(_partition_bound(f, value))
+    if col == "offset":
+        return _offset_bound(f, value)
+    if col == "timestamp":
+        return _timestamp_bound(f, value)
+    return None
+
+
+def _exact(sf: ScanFilter | None) -> tuple[ScanFilter, bool] | None:
+    return None if sf is None else (sf, True)
+
+
+def _topic_bound(f: Any, value: Any) -> ScanFilter | None:
+    if isinstance(f, (ds.EqualTo, ds.EqualNullSafe)) and isinstance(value, str):
+        return ScanFilter(topics=frozenset([value]))
+    if isinstance(f, ds.In) and all(isinstance(v, str) or v is None for v in value):
+        return ScanFilter(topics=frozenset(v for v in value if v is not None))
+    if not isinstance(value, str):
+        return None
+    if isinstance(f, ds.StringStartsWith):
+        return ScanFilter(topic_pattern=re.escape(value) + ".*")
+    if isinstance(f, ds.StringEndsWith):
+        return ScanFilter(topic_pattern=".*" + re.escape(value))
+    if isinstance(f, ds.StringContains):
+        return ScanFilter(topic_pattern=".*" + re.escape(value) + ".*")
+    return None
+
+
+def _partition_bound(f: Any, value: Any) -> ScanFilter | None:
+    if isinstance(f, (ds.EqualTo, ds.EqualNullSafe)) and _is_int(value):
+        return ScanFilter(partitions=frozenset([value]))
+    if isinstance(f, ds.In) and all(_is_int(v) or v is None for v in value):
+        return ScanFilter(partitions=frozenset(v for v in value if v is not None))
+    return None
+
+
+def _offset_bound(f: Any, value: Any) -> tuple[ScanFilter, bool] | None:
+    if isinstance(f, ds.In) and value and all(_is_int(v) for v in value):
+        # Prunes to the span of the values; Spark still picks the exact rows.
+        return ScanFilter(start_offset=min(value), end_offset=max(value) + 1), False
+    if not _is_int(value):
+        return None
+    return _exact(_comparison(f, value, value + 1, "start_offset", "end_offset"))
+
+
+def _timestamp_bound(f: Any, value: Any) -> tuple[ScanFilter, bool] | None:
+    # Records hold milliseconds; literals are microseconds. Bounds are rounded so that
+    # "ms * 1000 <op> literal" holds exactly for the rows kept.
+    if isinstance(f, ds.In) and value and all(_micros(v) is not None for v in value):
+        us = [_micros(v) for v in value]
+        return ScanFilter(start_time=_ceil_div(min(us), 1000), end_time=max(us) // 1000 + 1), False  # type: ignore[arg-type]
+    us1 = _micros(value)
+    if us1 is None:
+        return None
+    return _exact(_comparison(f, _ceil_div(us1, 1000), us1 // 1000 + 1, "start_time", "end_time"))
+
+
+def _comparison(f: Any, first_at: int, first_above: int, start: str, end: str) -> ScanFilter | None:
+    """A comparison with a literal as ``ScanFilter`` bounds ``start``/``end`` (inclusive,
+    exclusive): ``first_at`` is the first value (offset or ms) not below the literal,
+    ``first_above`` the first above it."""
+    if isinstance(f, (ds.EqualTo, ds.EqualNullSafe)):
+        return ScanFilter(**{start: first_at, end: first_above})
+    if isinstance(f, ds.GreaterThan):
+        return ScanFilter(**{start: first_above})
+    if isinstance(f, ds.GreaterThanOrEqual):
+        return ScanFilter(**{start: first_at})
+    if isinstance(f, ds.LessThan):
+        return ScanFilter(**{end: first_at})
+    if isinstance(f, ds.LessThanOrEqual):
+        return ScanFilter(**{end: first_above})
+    return None

@@ -276,6 +276,19 @@ class KbsOptions:
         return bool(self.starting_offsets_by_timestamp or self.ending_offsets_by_timestamp
                     or self.starting_timestamp is not None or self.ending_timestamp is not None)
 
+    def starting_time(self, topic: str, partition: int) -> int | None:
+        """The starting timestamp of a partition: its ``startingOffsetsByTimestamp`` entry
+        (None if that option does not name it), else ``startingTimestamp``."""
+        if self.starting_offsets_by_timestamp:
+            return self.starting_offsets_by_timestamp.get(topic, {}).get(str(partition))
+        return self.starting_timestamp
+
+    def ending_time(self, topic: str, partition: int) -> int | None:
+        """The ending timestamp of a partition, as :meth:`starting_time`."""
+        if self.ending_offsets_by_timestamp:
+            return self.ending_offsets_by_timestamp.get(topic, {}).get(str(partition))
+        return self.ending_timestamp
+
     def wants(self, topic: str, partition: int) -> bool:
         """The ``assign`` choice (the other selections are in :meth:`scan_filter`)."""
         return self.assign is None or (topic, partition) in self.assign
@@ -323,6 +336,14 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
         raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
     check_option_names(options, mode)
     opts = {str(k).lower(): v for k, v in options.items()}
+    path, storage = _path(opts, mode), _storage(opts)
+    if mode == "write":
+        return _write_options(opts, path, storage)
+    return _read_options(opts, path, storage)
+
+
+def _path(opts: dict[str, str], mode: str) -> str:
+    """The backup's URL: ``path``, or the one entry of ``paths`` (``.load([url])``)."""
     path = opts.get("path")
     if not path and opts.get("paths"):
         try:
@@ -336,81 +357,40 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
     if not path:
         raise ValueError(f"the kbs data source needs a path: .{'load' if mode == 'read' else 'save'}"
                          "('<url of the backup directory>')")
+    return path
+
+
+def _storage(opts: dict[str, str]) -> dict[str, Any]:
+    """fsspec options: ``storage_options`` (a JSON object), then each ``storage.<key>`` over it.
+    Errors never show the value: it may hold credentials."""
     storage: dict[str, Any] = {}
     raw_so = opts.get("storage_options") or opts.get("storageoptions")
     if raw_so:
         try:
             storage = json.loads(raw_so)
         except ValueError:
-            # Not chained: the JSON error would quote the text, which may hold credentials.
+            # Not chained: the JSON error would quote the text.
             raise ValueError("option 'storage_options' must be a JSON object (its value is not shown)") from None
         if not isinstance(storage, dict):
             raise ValueError("option 'storage_options' must be a JSON object (its value is not shown)")
     for key, value in opts.items():
         if key.startswith(_STORAGE_PREFIX) and len(key) > len(_STORAGE_PREFIX):
             storage[key[len(_STORAGE_PREFIX):]] = _storage_value(value)
-    if mode == "write":
-        return _write_options(opts, path, storage)
+    return storage
 
-    topics = None
-    topic_pattern = opts.get("topicpattern") or opts.get("subscribepattern")
-    for key, name in (("topics", "topics"), ("subscribe", "subscribe")):
-        if opts.get(key) is not None:
-            topics = tuple(t.strip() for t in opts[key].split(",") if t.strip())
-            if not topics:
-                raise ValueError(f"option {name!r} names no topic: {opts[key]!r}")
-    if topic_pattern is not None:
-        if not topic_pattern.strip():
-            raise ValueError("option 'subscribePattern' (topicPattern) is empty")
-        try:
-            re.compile(topic_pattern)
-        except re.error as e:
-            raise ValueError(f"option 'topicPattern' is not a valid regex: {e}") from e
-    partitions = None
-    raw_parts = opts.get("partitions")
-    if raw_parts:
-        try:
-            partitions = tuple(int(p) for p in raw_parts.split(",") if p.strip())
-        except ValueError as e:
-            raise ValueError(f"option 'partitions' must be a comma-separated list of ints, got {raw_parts!r}") from e
+
+def _read_options(opts: dict[str, str], path: str, storage: dict[str, Any]) -> KbsOptions:
+    # Checked in this order (the first bad option is the one reported), then the flags and sizes.
+    topics, topic_pattern = _topics(opts)
+    partitions = _partitions(opts.get("partitions"))
     assign = _assign_json(opts["assign"]) if opts.get("assign") is not None else None
-
-    start_word, starting = offsets_json("startingOffsets", opts.get("startingoffsets"), ending=False)
-    end_word, ending = offsets_json("endingOffsets", opts.get("endingoffsets"), ending=True)
-    del start_word, end_word  # "earliest"/"latest" are the defaults: no bound
-    for topic, parts in starting.items():  # as the Kafka source's checkOffsetLimitValidity
-        for part, s in parts.items():
-            e = ending.get(topic, {}).get(part)
-            if e is not None and s >= 0 and e >= 0 and s > e:
-                raise ValueError(f"startingOffsets {s} of {topic}/{part} is above its endingOffsets {e}")
-    starting_ts = _timestamps_json("startingOffsetsByTimestamp", opts.get("startingoffsetsbytimestamp"))
-    ending_ts = _timestamps_json("endingOffsetsByTimestamp", opts.get("endingoffsetsbytimestamp"))
-    for topic, parts in starting_ts.items():
-        for part, s in parts.items():
-            e = ending_ts.get(topic, {}).get(part)
-            if e is not None and s > e:
-                raise ValueError(f"startingOffsetsByTimestamp {s} of {topic}/{part} is above its "
-                                 f"endingOffsetsByTimestamp {e}")
-
-    def _time(name: str) -> int | None:
-        raw = opts.get(name.lower())
-        if raw is None or raw.strip() == "":
-            return None
-        try:
-            return to_millis(raw)
-        except ValueError as e:
-            raise ValueError(f"option {name!r}: {e}") from e
-
-    starting_timestamp, ending_timestamp = _time("startingTimestamp"), _time("endingTimestamp")
+    starting, ending = _offset_options(opts)
+    starting_ts, ending_ts = _timestamp_options(opts)
+    starting_timestamp, ending_timestamp = _time(opts, "startingTimestamp"), _time(opts, "endingTimestamp")
     if starting_timestamp is not None and ending_timestamp is not None and starting_timestamp > ending_timestamp:
         raise ValueError(f"startingTimestamp {starting_timestamp} is above endingTimestamp {ending_timestamp}")
-    strategy = (opts.get("startingoffsetsbytimestampstrategy") or "error").strip().lower()
-    if strategy not in ("error", "latest"):
-        raise ValueError(f"option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', got {strategy!r}")
-    on_corrupt = (opts.get("oncorrupt") or "fail").strip().lower()
-    if on_corrupt not in ("fail", "skip"):
-        raise ValueError(f"option 'onCorrupt' must be 'fail' or 'skip', got {on_corrupt!r}")
-
+    strategy = _one_of(opts, "startingOffsetsByTimestampStrategy", ("error", "latest"))
+    on_corrupt = _one_of(opts, "onCorrupt", ("fail", "skip"))
     return KbsOptions(
         path=path,
         storage_options=storage,
@@ -436,6 +416,80 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
         max_segments_per_partition=_int("maxSegmentsPerPartition", opts.get("maxsegmentsperpartition"), 64, 1),
         max_partition_bytes=_int("maxPartitionBytes", opts.get("maxpartitionbytes"), 32 * 1024 * 1024, 1),
     )
+
+
+def _topics(opts: dict[str, str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """``topics``/``subscribe`` (a comma-separated list) and ``topicPattern``/``subscribePattern``."""
+    topics = None
+    topic_pattern = opts.get("topicpattern") or opts.get("subscribepattern")
+    for key, name in (("topics", "topics"), ("subscribe", "subscribe")):
+        if opts.get(key) is not None:
+            topics = tuple(t.strip() for t in opts[key].split(",") if t.strip())
+            if not topics:
+                raise ValueError(f"option {name!r} names no topic: {opts[key]!r}")
+    if topic_pattern is not None:
+        if not topic_pattern.strip():
+            raise ValueError("option 'subscribePattern' (topicPattern) is empty")
+        try:
+            re.compile(topic_pattern)
+        except re.error as e:
+            raise ValueError(f"option 'topicPattern' is not a valid regex: {e}") from e
+    return topics, topic_pattern
+
+
+def _partitions(text: str | None) -> tuple[int, ...] | None:
+    """``partitions``: a comma-separated list of partition numbers."""
+    if not text:
+        return None
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError as e:
+        raise ValueError(f"option 'partitions' must be a comma-separated list of ints, got {text!r}") from e
+
+
+def _offset_options(opts: dict[str, str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """``startingOffsets`` and ``endingOffsets`` per partition ("earliest"/"latest" are the
+    defaults: no bound), checked as the Kafka source's ``checkOffsetLimitValidity``."""
+    _, starting = offsets_json("startingOffsets", opts.get("startingoffsets"), ending=False)
+    _, ending = offsets_json("endingOffsets", opts.get("endingoffsets"), ending=True)
+    for topic, parts in starting.items():
+        for part, s in parts.items():
+            e = ending.get(topic, {}).get(part)
+            if e is not None and s >= 0 and e >= 0 and s > e:
+                raise ValueError(f"startingOffsets {s} of {topic}/{part} is above its endingOffsets {e}")
+    return starting, ending
+
+
+def _timestamp_options(opts: dict[str, str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """``startingOffsetsByTimestamp`` and ``endingOffsetsByTimestamp``, the start not above the end."""
+    starting_ts = _timestamps_json("startingOffsetsByTimestamp", opts.get("startingoffsetsbytimestamp"))
+    ending_ts = _timestamps_json("endingOffsetsByTimestamp", opts.get("endingoffsetsbytimestamp"))
+    for topic, parts in starting_ts.items():
+        for part, s in parts.items():
+            e = ending_ts.get(topic, {}).get(part)
+            if e is not None and s > e:
+                raise ValueError(f"startingOffsetsByTimestamp {s} of {topic}/{part} is above its "
+                                 f"endingOffsetsByTimestamp {e}")
+    return starting_ts, ending_ts
+
+
+def _time(opts: dict[str, str], name: str) -> int | None:
+    """``startingTimestamp``/``endingTimestamp``: Unix ms or ISO-8601 (:func:`to_millis`)."""
+    raw = opts.get(name.lower())
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return to_millis(raw)
+    except ValueError as e:
+        raise ValueError(f"option {name!r}: {e}") from e
+
+
+def _one_of(opts: dict[str, str], name: str, choices: tuple[str, str]) -> str:
+    """A word option (case-insensitive); the first choice is the default."""
+    value = (opts.get(name.lower()) or choices[0]).strip().lower()
+    if value not in choices:
+        raise ValueError(f"option {name!r} must be {choices[0]!r} or {choices[1]!r}, got {value!r}")
+    return value
 
 
 def _write_options(opts: dict[str, str], path: str, storage: dict[str, Any]) -> KbsOptions:

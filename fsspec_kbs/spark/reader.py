@@ -1,26 +1,25 @@
 """Batch reader of the ``kbs`` data source: plan on the driver, decode on executors.
 
-The driver reads ``manifest.json`` once (:meth:`KbsReader.partitions`); each input partition
-then carries everything its task needs as plain data (segment paths, sizes, CRCs, offsets,
-timestamps, index CRC, codec, layout, OSO size limits, and for a batch range of a large or
-bounded indexed segment its batches and byte range) and the CRC-32 of the manifest it was
-planned from. Executors build the backup object from the URL and those refs and never read
+The driver plans the read once (:meth:`KbsReader.partitions`, :mod:`fsspec_kbs.spark.planning`),
+reading ``manifest.json`` once; each input partition
+(:class:`~fsspec_kbs.spark.partition.KbsSegmentPartition`) then carries everything its task
+needs as small frozen values: a :class:`~fsspec_kbs.spark.partition.SegmentPiece` per segment
+(its :class:`SegmentRef` with path, size, CRC-64, offsets, timestamps, index CRC and codec; the
+offset bounds; the OSO size limit; for a batch range of a large or bounded indexed segment its
+:class:`~fsspec_kbs.spark.partition.BatchRun`), the layout and the CRC-32 of the manifest it
+was planned from. Executors build the backup object from the URL and those refs and never read
 the manifest; a segment that no longer matches its ref fails as :class:`BackupChangedError`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import heapq
 import logging
-import math
 import sys
 import warnings
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -29,25 +28,21 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from fsspec_kbs.arrow import COLUMNS, columns_to_batch
 from fsspec_kbs.arrow.convert import bool_mask, numpy_array
 from fsspec_kbs.arrow.schema import HEADER_TYPE, project
-from fsspec_kbs.dataset import KbsDataset
 from fsspec_kbs.errors import (
     BackupNotFoundError,
     KbsError,
-    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
 from fsspec_kbs.filters import ScanFilter
-from fsspec_kbs.format.batch_index import BatchIndex
-from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
-from fsspec_kbs.spark.filters import scan_filter_from_dict, scan_filter_to_dict, translate
+from fsspec_kbs.spark.filters import translate
 from fsspec_kbs.spark.options import KbsOptions
+from fsspec_kbs.spark.partition import BatchRun, KbsSegmentPartition, SegmentPiece
+from fsspec_kbs.spark.planning import open_for_planning, plan
+from fsspec_kbs.spark.runs import CHUNK_BYTES, read_runs
 from fsspec_kbs.store import KbsBackup, SegmentRef
 from fsspec_kbs.store.backup import read_manifest_bytes, resolve
-from fsspec_kbs.store.batch_index import IndexedSource
-from fsspec_kbs.store.open import _layout
-from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.oso_backup import OsoBackup
 
 log = logging.getLogger("fsspec_kbs.spark")
@@ -70,348 +65,13 @@ class BackupChangedError(SegmentMismatchError):
 _MAYBE_CHANGED = (SegmentMismatchError, TruncatedSegmentError, BackupNotFoundError)
 
 
-@dataclass
-class KbsSegmentPartition(InputPartition):
-    """One Spark input partition: a segment, part of one, or several small ones in a row.
-
-    Holds only plain data: each entry of ``segments`` is ``{"ref": <SegmentRef fields>,
-    "start": first offset (inclusive), "end": end offset (exclusive, None = open),
-    "limit": OSO decompressed-size bound or None}``, and for a batch range of an indexed
-    segment also ``"batches": [first, stop]`` (index entries), ``"bytes": [start, end]``
-    (their stored bytes) and ``"run_offsets": [first, end or None]``; ``start_time``/``end_time``
-    are row bounds (pushed filters); ``manifest_crc32`` pins the manifest the plan was made from.
-    """
-
-    index: int
-    segments: list[dict] = field(default_factory=list)
-    start_time: int | None = None
-    end_time: int | None = None
-    layout: str = "kbs"
-    manifest_crc32: int | None = None
-
-
-# -- planning (driver) ---------------------------------------------------------------------------
-
-def open_for_planning(o: KbsOptions) -> tuple[KbsBackup, int | None]:
-    """The backup and the CRC-32 of the ``manifest.json`` bytes it was parsed from (None: none)."""
-    fs, path = resolve(o.path, o.storage_options)
-    raw = read_manifest_bytes(fs, path)
-    crc = None if raw is None else zlib.crc32(raw)
-    if raw is not None:
-        # Parsed once as KBS (the layout check would parse a big manifest a second time);
-        # only a manifest KBS refuses is looked at for the OSO layout.
-        try:
-            return KbsBackup.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
-        except KbsError:
-            if _layout(fs, path, raw) != "oso":
-                raise
-    cls = OsoBackup if _layout(fs, path, raw) == "oso" else KbsBackup
-    return cls.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
-
-
-def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: bool = True) -> int | None:
-    """The first offset (in offset order) of a record with ``timestamp >= ts`` among one
-    partition's ``refs``, or None: what Kafka's ``offsetsForTimes`` answers.
-
-    Segments whose batch index confirms a max timestamp below ``ts`` are not opened; in the
-    others only the batches that may match are read where the index allows.
-    """
-    for ref in backup.check_time_bounds(refs):
-        if ref.time_checked and ref.max_timestamp is not None and ref.max_timestamp < ts:
-            continue
-        index = backup.batch_index(ref) if verify else None
-        if index is not None:
-            # One batch at a time, in offset order, among those whose max timestamp reaches ts:
-            # with increasing timestamps the first one read holds the answer.
-            chunks = (cols for i in np.flatnonzero(index.max_ts >= ts)
-                      for cols in read_runs(backup, ref, index, [(int(i), int(i) + 1)], verify))
-        else:
-            chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=(None, None, ts, None))
-        for cols in chunks:
-            hit = np.flatnonzero(cols.timestamps >= ts)
-            if len(hit):
-                return int(cols.offsets[hit[0]])
-    return None
-
-
-@dataclass
-class _Piece:
-    """A segment, or an offset range of one, to read in a task; with ``batches`` only that
-    run of batches ``(first, stop)`` of the segment's batch index, stored at bytes
-    ``byte_range`` and holding offsets ``run_offsets`` (first, end exclusive or None: open)."""
-
-    ref: SegmentRef
-    start: int | None
-    end: int | None
-    batches: tuple[int, int] | None = None
-    byte_range: tuple[int, int] | None = None
-    run_offsets: tuple[int, int | None] | None = None
-
-    def _lo_hi(self) -> tuple[int, int] | None:
-        r = self.ref
-        if r.first_offset is None or r.last_offset is None:
-            return None
-        lo, hi = r.first_offset, r.last_offset + 1
-        if self.run_offsets is not None:
-            lo = max(lo, self.run_offsets[0])
-            hi = hi if self.run_offsets[1] is None else min(hi, self.run_offsets[1])
-        lo = lo if self.start is None else max(self.start, lo)
-        hi = hi if self.end is None else min(self.end, hi)
-        return lo, hi
-
-    def span(self) -> int | None:
-        """Offsets the piece covers (None: unknown)."""
-        lo_hi = self._lo_hi()
-        return None if lo_hi is None else max(0, lo_hi[1] - lo_hi[0])
-
-    def weight(self) -> float:
-        """Stored bytes the piece stands for (its share of the segment or of its batch run),
-        else its span."""
-        span, r = self.span(), self.ref
-        if self.byte_range is not None and self.run_offsets is not None and span is not None:
-            run = self.run_offsets
-            run_span = (r.last_offset + 1 if run[1] is None else run[1]) - run[0]  # type: ignore[operator]
-            return (self.byte_range[1] - self.byte_range[0]) * min(1.0, span / max(1, run_span))
-        if span is not None and r.size_bytes is not None and r.last_offset is not None \
-                and r.first_offset is not None:
-            return r.size_bytes * span / max(1, r.last_offset - r.first_offset + 1)
-        return float(r.size_bytes if r.size_bytes is not None else (span or 1))
-
-    def split(self, parts: int) -> list[_Piece]:
-        """``parts`` pieces of about equal offset ranges (a batch run stays the run to read:
-        the executor reads only its batches that the narrower offsets need)."""
-        lo_hi = self._lo_hi()
-        span = self.span()
-        if parts <= 1 or lo_hi is None or span is None or span < 2:
-            return [self]
-        lo = lo_hi[0]
-        bounds = [lo + (span * i) // parts for i in range(parts + 1)]
-        out = [replace(self, start=a, end=b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
-        # The last piece keeps an open end: nothing past the segment is lost if it holds more.
-        return [*out[:-1], replace(self, start=out[-1].start, end=self.end)] if out else [self]
-
-    def to_dict(self, limit: int | None) -> dict:
-        d = {"ref": dict(self.ref.__dict__), "start": self.start, "end": self.end, "limit": limit}
-        if self.batches is not None:
-            d.update(batches=list(self.batches), bytes=list(self.byte_range or ()),
-                     run_offsets=list(self.run_offsets or ()))
-        return d
-
-
-def split_by_batches(backup: KbsBackup, pieces: list[_Piece], max_bytes: int,
-                     start_time: int | None, end_time: int | None) -> list[_Piece]:
-    """Pieces of segments larger than ``max_bytes``, or bounded by offsets or times, cut into
-    runs of whole batches of at most ``max_bytes`` stored bytes (one batch at least) by the
-    segment's batch index; only the batches that may hold a record in the piece's bounds are
-    kept, so a task fetches exactly those bytes. Segments without a usable index stay whole."""
-    def cut(p: _Piece) -> bool:
-        """The bounds leave part of the segment out (or may: unknown extents)."""
-        r = p.ref
-        return ((p.start is not None and (r.first_offset is None or p.start > r.first_offset))
-                or (p.end is not None and (r.last_offset is None or p.end <= r.last_offset))
-                or (start_time is not None and (r.min_timestamp is None or start_time > r.min_timestamp))
-                or (end_time is not None and (r.max_timestamp is None or end_time <= r.max_timestamp)))
-
-    big = {p.ref.path: p.ref for p in pieces if p.ref.index_crc32 is not None and p.ref.size_bytes is not None
-           and (p.weight() > max_bytes or cut(p))}
-    if not big:
-        return pieces
-    # Reads all their indexes at once where the store can; a bad index: that segment is read
-    # whole, and its task reports what is wrong.
-    with contextlib.suppress(KbsError):
-        backup.check_time_bounds(list(big.values()))
-    out: list[_Piece] = []
-    for p in pieces:
-        try:
-            index = backup.batch_index(p.ref) if p.ref.path in big else None
-        except KbsError:
-            index = None
-        if index is None or not len(index):
-            out.append(p)
-            continue
-        for first, stop in index.select(p.start, p.end, start_time, end_time):
-            a = first
-            while a < stop:
-                # The first batch whose end passes max_bytes past this run's start ends it.
-                b = int(index.end.searchsorted(index.position[a] + max_bytes, "right"))
-                b = min(max(b, a + 1), stop)
-                end_off = int(index.base[b]) if b < len(index) else None
-                out.append(_Piece(p.ref, p.start, p.end, (a, b),
-                                  (int(index.position[a]), int(index.end[b - 1])),
-                                  (int(index.base[a]), end_off)))
-                a = b
-    return out
-
-
-def _pack(pieces: list[_Piece], min_bytes: int, max_segments: int, max_records: int | None,
-          max_bytes: int | None = None) -> list[list[_Piece]]:
-    """Consecutive pieces grouped until a group reaches ``min_bytes`` or holds ``max_segments``
-    (or would pass ``max_records`` offsets or ``max_bytes``); a piece of unknown size gets a
-    group of its own. A group that holds a quarter of ``min_bytes`` ends where the next piece
-    is of another topic-partition: as with Kafka's source, a partition's range worth a task is
-    one (a 10 % time window over 6 partitions packed into 3 tasks ran in two waves on two
-    cores, 2x the time of 6 tasks)."""
-    out: list[list[_Piece]] = []
-    group: list[_Piece] = []
-    size = records = 0
-    for p in pieces:
-        span = p.span() or 0
-        weight = int(p.weight()) if p.ref.size_bytes is not None else min_bytes
-        other = group and (group[-1].ref.topic, group[-1].ref.partition) != (p.ref.topic, p.ref.partition)
-        if group and ((max_records is not None and records + span > max_records)
-                      or (max_bytes is not None and size + weight > max_bytes)
-                      or (other and size >= min_bytes // 4)):
-            out.append(group)
-            group, size, records = [], 0, 0
-        group.append(p)
-        records += span
-        size += weight
-        if size >= min_bytes or len(group) >= max_segments:
-            out.append(group)
-            group, size, records = [], 0, 0
-    if group:
-        out.append(group)
-    return out
-
-
-def _split_to(pieces: list[_Piece], n: int) -> list[list[_Piece]]:
-    """At least ``n`` groups where the offsets allow: each piece alone, the heaviest split
-    into offset ranges (as Kafka's ``KafkaOffsetRangeCalculator`` splits big ranges)."""
-    parts = [1] * len(pieces)
-    caps = [p.span() or 1 for p in pieces]
-    heap = [(-p.weight(), i) for i, p in enumerate(pieces) if caps[i] > 1]
-    heapq.heapify(heap)
-    extra = n - len(pieces)
-    while extra > 0 and heap:
-        _, i = heapq.heappop(heap)
-        parts[i] += 1
-        extra -= 1
-        if parts[i] < caps[i]:
-            heapq.heappush(heap, (-pieces[i].weight() / parts[i], i))
-    return [[q] for p, k in zip(pieces, parts, strict=True) for q in p.split(k)]
-
-
-def group_pieces(pieces: list[_Piece], o: KbsOptions) -> list[list[_Piece]]:
-    """Pieces into input partitions: packed by size, then ``maxRecordsPerPartition`` and
-    ``minPartitions`` applied as the Kafka source does."""
-    if o.max_records_per_partition is not None:
-        pieces = [q for p in pieces
-                  for q in p.split(math.ceil((p.span() or 0) / o.max_records_per_partition))]
-    groups = _pack(pieces, o.min_partition_bytes, o.max_segments_per_partition, o.max_records_per_partition,
-                   o.max_partition_bytes)
-    n = o.min_partitions
-    if n is None or len(groups) >= n:
-        return groups
-    if len(pieces) >= n:
-        return [[p] for p in pieces]
-    return _split_to(pieces, n)
-
-
-def _missing(what: str, name: str, url: str) -> BackupNotFoundError:
-    return BackupNotFoundError(
-        f"{what} (option {name!r}) is not in the backup at {url}; set failOnDataLoss=false "
-        "to read what the backup has instead")
-
-
-def _check_requested(o: KbsOptions, extents: dict[tuple[str, int], tuple[int | None, int | None]]) -> None:
-    """``failOnDataLoss``: every partition the options name is in the backup."""
-    topics = {t for t, _ in extents}
-    for t in o.topics or ():
-        if t not in topics:
-            raise _missing(f"topic {t!r}", "subscribe", o.path)
-    for t, p in o.assign or ():
-        if (t, p) not in extents:
-            raise _missing(f"partition {t}/{p}", "assign", o.path)
-    for name, doc in (("startingOffsets", o.starting_offsets), ("endingOffsets", o.ending_offsets),
-                      ("startingOffsetsByTimestamp", o.starting_offsets_by_timestamp),
-                      ("endingOffsetsByTimestamp", o.ending_offsets_by_timestamp)):
-        for t, parts in doc.items():
-            for p in parts:
-                if (t, int(p)) not in extents:
-                    raise _missing(f"partition {t}/{p}", name, o.path)
-
-
-def _check_offsets(o: KbsOptions, extents: dict[tuple[str, int], tuple[int | None, int | None]]) -> None:
-    """``failOnDataLoss``: offsets asked for by ``startingOffsets``/``endingOffsets`` are in
-    the backup (from its earliest offset to one past its latest)."""
-    for name, doc in (("startingOffsets", o.starting_offsets), ("endingOffsets", o.ending_offsets)):
-        for t, parts in doc.items():
-            for p, off in parts.items():
-                lo, hi = extents.get((t, int(p)), (None, None))
-                if off < 0 or lo is None or hi is None:
-                    continue
-                if off < lo or off > hi:
-                    raise BackupNotFoundError(
-                        f"option {name!r} asks for offset {off} of {t}/{p}, but the backup at {o.path} "
-                        f"holds offsets {lo} to {hi - 1} of it: offsets "
-                        f"{f'{off} to {lo - 1}' if off < lo else f'{hi} to {off - 1}'} are not in the "
-                        "backup; set failOnDataLoss=false to read what it has")
-
-
-def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
-         manifest_crc32: int | None = None) -> list[KbsSegmentPartition]:
-    """The input partitions of a read: the segments that may match (manifest only), offsets
-    found for the timestamp options, grouped as the options say."""
-    sf = o.scan_filter().and_(pushed)
-    if sf.start_time is not None and sf.end_time is not None and sf.start_time >= sf.end_time:
-        return []
-    by_part: dict[tuple[str, int], list[SegmentRef]] = {}
-    for ref in backup.segments():
-        by_part.setdefault((ref.topic, ref.partition), []).append(ref)
-    extents: dict[tuple[str, int], tuple[int | None, int | None]] = {}
-    for key, refs in by_part.items():
-        firsts = [r.first_offset for r in refs]
-        lasts = [r.last_offset for r in refs]
-        extents[key] = (None if None in firsts else min(firsts),  # type: ignore[type-var]
-                        None if None in lasts else max(lasts) + 1)  # type: ignore[type-var, operator]
-    if o.fail_on_data_loss:
-        _check_requested(o, extents)
-        _check_offsets(o, extents)
-    if o.time_lookups:
-        ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
-        for (t, p), refs in sorted(by_part.items()):
-            if not (sf.wants_partition(t, p) and o.wants(t, p)):
-                continue
-            start_ts = (o.starting_offsets_by_timestamp.get(t, {}).get(str(p))
-                        if o.starting_offsets_by_timestamp else o.starting_timestamp)
-            end_ts = (o.ending_offsets_by_timestamp.get(t, {}).get(str(p))
-                      if o.ending_offsets_by_timestamp else o.ending_timestamp)
-            start = end = None
-            if start_ts is not None:
-                start = first_offset_at(backup, refs, start_ts, o.verify_checksums)
-                if start is None:
-                    if o.by_timestamp_strategy == "error":
-                        raise ValueError(
-                            f"no record of {t}/{p} has a timestamp at or after {start_ts} (the starting "
-                            "timestamp), so there is no offset to start from; set "
-                            "startingOffsetsByTimestampStrategy=latest to read nothing from it instead")
-                    start = extents[(t, p)][1]  # latest: nothing of this partition
-            if end_ts is not None:
-                end = first_offset_at(backup, refs, end_ts, o.verify_checksums)  # None: latest
-            if start is not None or end is not None:
-                ranges[(t, p)] = (start, end)
-        sf = sf.and_(ScanFilter(offset_ranges=ranges))
-    pieces = [_Piece(ref, *sf.bounds(ref.topic, ref.partition))
-              for ref in KbsDataset(backup, sf).fragments() if o.wants(ref.topic, ref.partition)]
-    oso = isinstance(backup, OsoBackup)
-    if not oso and o.verify_checksums:  # a batch-range read checks batch CRCs: never unchecked
-        pieces = split_by_batches(backup, pieces, o.max_partition_bytes, sf.start_time, sf.end_time)
-    return [
-        KbsSegmentPartition(
-            i,
-            [p.to_dict(backup.max_uncompressed(p.ref) if oso else None) for p in group],  # type: ignore[attr-defined]
-            sf.start_time, sf.end_time, backup.layout, manifest_crc32)
-        for i, group in enumerate(group_pieces(pieces, o))
-    ]
-
-
 # -- reading (executors) -------------------------------------------------------------------------
 
 class KbsReader(DataSourceReader):
     """Reads a backup as DataFrame rows with the schema of Spark's Kafka source.
 
-    Picklable: holds the parsed options, the output column names and the pushed bounds as a
-    plain dict, never a filesystem object; nothing in it grows with the backup.
+    Picklable: holds the parsed options, the output column names and the pushed bounds (a
+    :class:`ScanFilter`), never a filesystem object; nothing in it grows with the backup.
     """
 
     def __init__(self, options: KbsOptions, columns: list[str]) -> None:
@@ -420,17 +80,18 @@ class KbsReader(DataSourceReader):
             raise ValueError(f"the kbs source has no column(s) {unknown}; it has {list(COLUMNS)}")
         self.options = options
         self.columns = list(columns)
-        self.pushed: dict = {}
+        #: Spark's pushed filters this reader enforces (:class:`KbsPushdownReader`).
+        self.pushed = ScanFilter()
 
     def scan_filter(self) -> ScanFilter:
-        return self.options.scan_filter().and_(scan_filter_from_dict(self.pushed))
+        return self.options.scan_filter().and_(self.pushed)
 
     def partitions(self) -> list[KbsSegmentPartition]:
         backup, crc = open_for_planning(self.options)
-        parts = plan(backup, self.options, scan_filter_from_dict(self.pushed), crc)
+        parts = plan(backup, self.options, self.pushed, crc)
         _freeze_worker_heap()  # the planner's worker is reused (and collected) as well
         # An empty list would make Spark call read(None); an empty partition is clearer.
-        return parts or [KbsSegmentPartition(0, [])]
+        return parts or [KbsSegmentPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition is None or not getattr(partition, "segments", None):
@@ -445,8 +106,7 @@ class KbsReader(DataSourceReader):
         cls = OsoBackup if partition.layout == "oso" else KbsBackup
         backup = cls(fs, path, None, o.path, o.storage_options, o.allow_incomplete)
         if isinstance(backup, OsoBackup):
-            backup._limits.update({s["ref"]["path"]: s["limit"] for s in partition.segments
-                                   if s.get("limit") is not None})
+            backup._limits.update({p.ref.path: p.limit for p in partition.segments if p.limit is not None})
         return backup
 
     def _read(self, partition: KbsSegmentPartition) -> Iterator[pa.RecordBatch]:
@@ -456,17 +116,17 @@ class KbsReader(DataSourceReader):
     def _read_segments(self, partition: KbsSegmentPartition) -> Iterator[pa.RecordBatch]:
         o = self.options
         backup = self.executor_backup(partition)
-        for seg in partition.segments:
-            ref = SegmentRef(**seg["ref"])
-            sf = ScanFilter(start_offset=seg["start"], end_offset=seg["end"],
+        for piece in partition.segments:
+            ref = piece.ref
+            sf = ScanFilter(start_offset=piece.start, end_offset=piece.end,
                             start_time=partition.start_time, end_time=partition.end_time)
             try:
                 if o.on_corrupt == "fail":
-                    yield from self._segment(backup, ref, sf, seg)
+                    yield from self._piece(backup, piece, sf)
                     continue
                 # Skipping must drop all this task reads of the segment (the segment, or its run of
                 # batches), so decode it fully before yielding any of it.
-                batches = list(self._segment(backup, ref, sf, seg))
+                batches = list(self._piece(backup, piece, sf))
             except KbsError as e:
                 changed = self._changed(backup, partition, ref, e) if isinstance(e, _MAYBE_CHANGED) else None
                 if changed is not None:
@@ -507,19 +167,20 @@ class KbsReader(DataSourceReader):
             f"{'deleted' if now is None else f'CRC-32 {now:08x}'} now); run the read again "
             f"({type(err).__name__}: {err})", ref.path)
 
-    def _segment(self, backup: KbsBackup, ref: SegmentRef, sf: ScanFilter,
-                 seg: dict | None = None) -> Iterator[pa.RecordBatch]:
+    def _piece(self, backup: KbsBackup, piece: SegmentPiece, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
+        """The rows of ``piece`` within ``sf``, as Arrow batches of the output columns."""
+        ref = piece.ref
         bounds = sf.segment_bounds(ref)
         verify = self.options.verify_checksums
         chunks = None
-        if seg is not None and seg.get("batches"):
-            chunks = _batch_run(backup, ref, seg, bounds, verify)
-        if chunks is None:
-            if seg is not None and seg.get("run_offsets"):
+        if piece.run is not None:
+            chunks = _batch_run(backup, ref, piece.run, bounds, verify)
+            if chunks is None:
                 # The batch index is gone or unusable now: read the segment, keep the run's offsets.
-                lo, hi = seg["run_offsets"]
+                lo, hi = piece.run.offsets
                 sf = sf.and_(ScanFilter(start_offset=lo, end_offset=hi))
                 bounds = sf.segment_bounds(ref)
+        if chunks is None:
             chunks = backup.iter_columns(ref, verify_checksums=verify, bounds=bounds,
                                          max_chunk_bytes=CHUNK_BYTES)
         for cols in chunks:
@@ -557,14 +218,9 @@ def _freeze_worker_heap() -> None:
     gc.freeze()
 
 
-#: Stored bytes decoded per chunk on executors: batches of some 10k rows for PySpark's Arrow
-#: path (a 32 MiB chunk made batches of ~100 MB that are slow to hand to the JVM).
-CHUNK_BYTES = 4 * 1024 * 1024
-
-
-def _batch_run(backup: KbsBackup, ref: SegmentRef, seg: dict, bounds: tuple,
+def _batch_run(backup: KbsBackup, ref: SegmentRef, run: BatchRun, bounds: tuple,
                verify: bool) -> Iterator[RecordColumns | ViewColumns] | None:
-    """The columns of the partition's batch run of ``ref`` read through the segment's batch
+    """The columns of the batch ``run`` of ``ref`` planned for the task, read through the segment's batch
     index (ranged reads; every batch CRC-32 checked, the index checked against
     ``index_crc32``), or None when the index is not usable now (read the segment instead)."""
     if not verify:
@@ -572,28 +228,15 @@ def _batch_run(backup: KbsBackup, ref: SegmentRef, seg: dict, bounds: tuple,
     index = backup.batch_index(ref)
     if index is None:
         return None
-    a, b = seg["batches"]
-    if b > len(index) or [int(index.position[a]), int(index.end[b - 1])] != list(seg["bytes"]):
+    a, b = run.batches
+    if b > len(index) or (int(index.position[a]), int(index.end[b - 1])) != run.byte_range:
         raise SegmentMismatchError(
-            f"the batch index no longer puts batches {a}..{b - 1} at bytes {seg['bytes']} as when the read "
-            f"was planned", ref.path, int(seg["bytes"][0]))
+            f"the batch index no longer puts batches {a}..{b - 1} at bytes {list(run.byte_range)} as when the "
+            "read was planned", ref.path, run.byte_range[0])
     runs = [(max(x, a), min(y, b)) for x, y in index.select(*bounds) if min(y, b) > max(x, a)]
     if not runs:
         return iter(())
     return read_runs(backup, ref, index, runs, verify)
-
-
-def read_runs(backup: KbsBackup, ref: SegmentRef, index: BatchIndex, runs: list[tuple[int, int]],
-              verify: bool = True) -> Iterator[RecordColumns | ViewColumns]:
-    """The records of the batch ``runs`` of ``ref`` (ranged reads through its ``index``; the
-    header checked against the ref's codec and CRC-64, every batch's CRC-32 and bounds); a
-    format error is re-diagnosed on the whole segment, as :meth:`KbsBackup.iter_columns` does."""
-    codec = CODEC_BY_NAME[ref.codec] if ref.codec is not None else None
-    source = IndexedSource(backup.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64)
-    try:
-        yield from iter_opened(OpenedSegment(ref, source, partial=True), CHUNK_BYTES)
-    except SegmentFormatError as err:
-        backup.rediagnose(ref, verify, err)
 
 
 def spark_batch(cols: RecordColumns | ViewColumns, ref: SegmentRef, columns: list[str]) -> pa.RecordBatch:
@@ -633,5 +276,5 @@ class KbsPushdownReader(KbsReader):
 
     def pushFilters(self, filters: list) -> list:  # noqa: N802 - Spark's hook name
         sf, rest = translate(filters)
-        self.pushed = scan_filter_to_dict(scan_filter_from_dict(self.pushed).and_(sf))
+        self.pushed = self.pushed.and_(sf)
         return rest

@@ -3,7 +3,7 @@
 The stream's offset is, as in Spark's Kafka source, the next offset to read of every
 partition: ``{"topic": {"0": 123}}``. Each trigger re-reads ``manifest.json``: segments any
 writer appended since appear in the next micro-batch. A micro-batch ``[start, end)`` is
-planned like a batch read (:func:`fsspec_kbs.spark.reader.group_pieces`, the same input
+planned like a batch read (:func:`fsspec_kbs.spark.planning.input_partitions`, the same input
 partitions and executor code), from the manifest only: segments outside the range are not
 opened.
 
@@ -37,16 +37,15 @@ from fsspec_kbs.errors import (
     UnsupportedVersionError,
 )
 from fsspec_kbs.spark.options import EARLIEST, LATEST, KbsOptions, _int, offsets_json, parse_options
-from fsspec_kbs.spark.reader import (
-    KbsReader,
-    KbsSegmentPartition,
-    _Piece,
-    first_offset_at,
-    group_pieces,
+from fsspec_kbs.spark.partition import KbsSegmentPartition, SegmentPiece
+from fsspec_kbs.spark.planning import (
+    input_partitions,
     open_for_planning,
+    refs_by_partition,
+    starting_offset_at,
 )
+from fsspec_kbs.spark.reader import KbsReader
 from fsspec_kbs.store import KbsBackup, SegmentRef
-from fsspec_kbs.store.oso_backup import OsoBackup
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -195,18 +194,15 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.info("kbs stream: no backup at %s yet (%s)", o.path, type(e).__name__)
                 return _Snapshot(None, None, {}, {})
         sf = o.scan_filter()
-        refs: dict[tuple[str, int], list[SegmentRef]] = {}
-        for ref in backup.segments():
-            if sf.wants_partition(ref.topic, ref.partition) and o.wants(ref.topic, ref.partition):
-                refs.setdefault((ref.topic, ref.partition), []).append(ref)
+        by_part, all_extents = refs_by_partition(backup)
+        refs = {k: rs for k, rs in by_part.items() if sf.wants_partition(*k) and o.wants(*k)}
         extents = {}
-        for k, rs in refs.items():
-            firsts = [r.first_offset for r in rs if r.first_offset is not None]
-            lasts = [r.last_offset for r in rs if r.last_offset is not None]
-            if len(firsts) != len(rs) or len(lasts) != len(rs):
+        for k in refs:
+            lo, hi = all_extents[k]
+            if lo is None or hi is None:
                 raise UnsupportedVersionError(f"{o.path}: partition {k[0]}/{k[1]} has segments without offsets in its "
                                "manifest (a 1.0 manifest); a stream needs them: rewrite it with `kbs convert`")
-            extents[k] = (min(firsts), max(lasts) + 1)
+            extents[k] = (lo, hi)
         self._snapshot = _Snapshot(backup, crc, refs, extents)
         return self._snapshot
 
@@ -243,19 +239,11 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(out)
 
     def _by_time(self, snap: _Snapshot, k: tuple[str, int], hi: int) -> int:
-        o = self.options
-        ts = (o.starting_offsets_by_timestamp.get(k[0], {}).get(str(k[1]))
-              if o.starting_offsets_by_timestamp else o.starting_timestamp)
+        ts = self.options.starting_time(*k)
         if ts is None:  # a partition startingOffsetsByTimestamp does not name: from its start
             return snap.extents[k][0]
         assert snap.backup is not None
-        found = first_offset_at(snap.backup, snap.refs[k], ts, o.verify_checksums)
-        if found is None:
-            if o.by_timestamp_strategy == "error":
-                raise ValueError(f"no record of {k[0]}/{k[1]} has a timestamp at or after {ts}, so the stream "
-                                 "has no offset to start from; set startingOffsetsByTimestampStrategy=latest")
-            return hi
-        return found
+        return starting_offset_at(snap.backup, snap.refs[k], k, ts, self.options, hi)  # type: ignore[return-value]
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         n = self.stream.max_offsets_per_trigger
@@ -299,50 +287,47 @@ class KbsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "holds (the missing records are then skipped, with a warning)")
         log.warning("kbs stream: %s; some data may have been lost (failOnDataLoss=false: skipping it)", what)
 
+    def _readable(self, snap: _Snapshot, k: tuple[str, int], s: int | None, e: int) -> tuple[int, int] | None:
+        """The part of a micro-batch's range ``[s, e)`` of partition ``k`` (``s`` None: new in
+        this micro-batch) that the backup holds now; what it no longer holds is data loss."""
+        t, p = k
+        if k not in snap.extents:
+            if s is None or s < e:
+                self._data_loss(f"partition {t}/{p} is no longer in the backup (offsets {s} to {e - 1})")
+            return None
+        lo, hi = snap.extents[k]
+        if s is None:
+            s = lo  # a partition new in this micro-batch
+        if e < s:
+            self._data_loss(f"the backup's offsets of {t}/{p} went back from {s} to {e} (it was replaced)")
+            return None
+        if s < lo:
+            self._data_loss(f"offsets {s} to {min(lo, e) - 1} of {t}/{p} are no longer in the backup "
+                            f"(it starts at offset {lo} now)")
+            s = min(lo, e)
+        if e > hi:
+            self._data_loss(f"offsets {hi} to {e - 1} of {t}/{p} are no longer in the backup")
+            e = hi
+        return (s, e) if s < e else None
+
     def partitions(self, start: Offsets, end: Offsets) -> list[KbsSegmentPartition]:
         begin, stop = _from_json(start), _from_json(end)
         if begin == stop:
             return []
         snap = self._open()
-        pieces: list[_Piece] = []
+        pieces: list[SegmentPiece] = []
         for k, e in sorted(stop.items()):
-            t, p = k
-            s = begin.get(k)
-            if k not in snap.extents:
-                if s is None or s < e:
-                    self._data_loss(f"partition {t}/{p} is no longer in the backup (offsets {s} to {e - 1})")
+            readable = self._readable(snap, k, begin.get(k), e)
+            if readable is None:
                 continue
-            lo, hi = snap.extents[k]
-            if s is None:
-                s = lo  # a partition new in this micro-batch
-            if e < s:
-                self._data_loss(f"the backup's offsets of {t}/{p} went back from {s} to {e} (it was replaced)")
-                continue
-            if s < lo:
-                self._data_loss(f"offsets {s} to {min(lo, e) - 1} of {t}/{p} are no longer in the backup "
-                                f"(it starts at offset {lo} now)")
-                s = min(lo, e)
-            if e > hi:
-                self._data_loss(f"offsets {hi} to {e - 1} of {t}/{p} are no longer in the backup")
-                e = hi
-            if s >= e:
-                continue
-            pieces.extend(_Piece(ref, s, e) for ref in snap.refs[k]
+            s, e = readable
+            pieces.extend(SegmentPiece(ref, s, e) for ref in snap.refs[k]
                           if ref.first_offset is not None and ref.last_offset is not None
                           and ref.first_offset < e and ref.last_offset >= s)
         if not pieces:
             return []
         assert snap.backup is not None
-        backup = snap.backup
-        oso = isinstance(backup, OsoBackup)
-        return [
-            KbsSegmentPartition(
-                i,
-                [{"ref": dict(p.ref.__dict__), "start": p.start, "end": p.end,
-                  "limit": backup.max_uncompressed(p.ref) if oso else None} for p in group],  # type: ignore[attr-defined]
-                None, None, backup.layout, snap.crc)
-            for i, group in enumerate(group_pieces(pieces, self.options))
-        ]
+        return input_partitions(snap.backup, pieces, self.options, None, None, snap.crc)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._reader.read(partition)

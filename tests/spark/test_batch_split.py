@@ -20,7 +20,7 @@ pytest.importorskip("pyspark")
 from benchmarks.common import make_columns  # noqa: E402
 from fsspec_kbs.errors import KbsError  # noqa: E402
 from fsspec_kbs.spark import KbsReader, parse_options  # noqa: E402
-from fsspec_kbs.spark.reader import _Piece, group_pieces  # noqa: E402
+from fsspec_kbs.spark.partition import BatchRun, SegmentPiece, group_pieces  # noqa: E402
 from fsspec_kbs.store import BackupWriter, SegmentRef  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -55,16 +55,16 @@ def test_large_segments_split_into_batch_ranges(backup: str) -> None:
     whole = reader(backup, maxPartitionBytes=str(64 * MIB), minPartitionBytes="0")
     want = read_all(whole)
     assert want.num_rows == 60_000
-    assert all("batches" not in s for p in whole.partitions() for s in p.segments)
+    assert all(s.run is None for p in whole.partitions() for s in p.segments)
 
     split = reader(backup, maxPartitionBytes=str(MIB), minPartitionBytes="0")
     parts = split.partitions()
     runs = [s for p in parts for s in p.segments]
-    assert all("batches" in s for s in runs)
-    assert len(parts) > 2 * len({s["ref"]["path"] for s in runs})  # several tasks per segment
+    assert all(s.run is not None for s in runs)
+    assert len(parts) > 2 * len({s.ref.path for s in runs})  # several tasks per segment
     for s in runs:  # each task's bytes are a whole-batch range of at most maxPartitionBytes (or one batch)
-        a, b = s["batches"]
-        assert s["bytes"][1] - s["bytes"][0] <= MIB or b - a == 1
+        a, b = s.run.batches
+        assert s.run.byte_range[1] - s.run.byte_range[0] <= MIB or b - a == 1
     got = read_all(split, parts)
     assert got.equals(want)
     # A run's partition stays small: refs and a few numbers, no index entries.
@@ -94,7 +94,7 @@ def test_split_reads_only_the_run_bytes(backup: str, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(type(local), "cat_file", cat_file)
     rows = read_all(r, [one])
     assert rows.num_rows > 0 and not whole
-    lo, hi = seg["bytes"]
+    lo, hi = seg.run.byte_range
     fetched = sum(e - s for s, e in ranges)
     assert fetched <= (hi - lo) + 32 + 64 * 1024  # the run, the segment header, a coalescing gap
 
@@ -106,7 +106,7 @@ def test_no_index_means_whole_segment_tasks(tmp_path: Path) -> None:
     w.commit()
     r = reader(str(tmp_path / "b"), maxPartitionBytes=str(MIB), minPartitionBytes="0")
     parts = r.partitions()
-    assert all("batches" not in s for p in parts for s in p.segments)
+    assert all(s.run is None for p in parts for s in p.segments)
     assert read_all(r, parts).num_rows == 20_000
 
 
@@ -131,9 +131,9 @@ def test_damaged_batch_in_a_run_is_an_error(backup: str, tmp_path: Path) -> None
     r = reader(url, maxPartitionBytes=str(MIB), minPartitionBytes="0")
     parts = r.partitions()
     target = parts[1].segments[0]
-    path = Path(target["ref"]["path"])
+    path = Path(target.ref.path)
     data = bytearray(path.read_bytes())
-    data[(target["bytes"][0] + target["bytes"][1]) // 2] ^= 0x40
+    data[sum(target.run.byte_range) // 2] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(KbsError) as err:
         read_all(r, [parts[1]])
@@ -153,9 +153,9 @@ def test_offset_and_time_bounds_keep_only_matching_batches(backup: str) -> None:
     r = reader(backup, maxPartitionBytes=str(MIB), minPartitionBytes="0",
                startingOffsets=json.dumps({"t": {"0": lo}}), endingOffsets=json.dumps({"t": {"0": lo + 500}}))
     parts = r.partitions()
-    runs = [s for p in parts for s in p.segments if s["ref"]["partition"] == 0]
-    assert runs and all("batches" in s for s in runs)
-    assert sum(s["bytes"][1] - s["bytes"][0] for s in runs) < 2 * MIB  # not the 6 MiB segment
+    runs = [s for p in parts for s in p.segments if s.ref.partition == 0]
+    assert runs and all(s.run is not None for s in runs)
+    assert sum(s.run.byte_range[1] - s.run.byte_range[0] for s in runs) < 2 * MIB  # not the 6 MiB segment
     got = read_all(r, parts)
     assert got.filter(pa.compute.equal(got["partition"], 0))["offset"].to_pylist() == list(range(lo, lo + 500))
     # A time window: the timestamp options find offsets through the index, then only those batches.
@@ -165,7 +165,7 @@ def test_offset_and_time_bounds_keep_only_matching_batches(backup: str) -> None:
     r = reader(backup, maxPartitionBytes=str(MIB), minPartitionBytes="0", assign=json.dumps({"t": [0]}),
                startingTimestamp=str(t0), endingTimestamp=str(t1))
     parts = r.partitions()
-    assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
+    assert sum(s.run.byte_range[1] - s.run.byte_range[0] for p in parts for s in p.segments) < 2 * MIB
     got = read_all(r, parts)
     assert got["offset"].to_pylist() == list(range(lo, lo + 500))
 
@@ -183,7 +183,7 @@ def test_pushed_filters_read_only_matching_batches(backup: str) -> None:
     assert r.pushFilters([EqualTo(("partition",), 0), GreaterThanOrEqual(("offset",), 7000),
                           LessThan(("offset",), 7300)]) == []
     parts = r.partitions()
-    assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
+    assert sum(s.run.byte_range[1] - s.run.byte_range[0] for p in parts for s in p.segments) < 2 * MIB
     assert read_all(r, parts)["offset"].to_pylist() == list(range(7000, 7300))
 
     t0, t1 = (p0["timestamp"][i].as_py() for i in (12_000, 12_400))
@@ -191,16 +191,16 @@ def test_pushed_filters_read_only_matching_batches(backup: str) -> None:
     r.pushFilters([EqualTo(("partition",), 0), GreaterThanOrEqual(("timestamp",), t0.replace(tzinfo=None)),
                    LessThan(("timestamp",), t1.replace(tzinfo=None))])
     parts = r.partitions()
-    assert sum(s["bytes"][1] - s["bytes"][0] for p in parts for s in p.segments) < 2 * MIB
+    assert sum(s.run.byte_range[1] - s.run.byte_range[0] for p in parts for s in p.segments) < 2 * MIB
     want = p0.filter(pa.compute.and_(pa.compute.greater_equal(p0["timestamp"], pa.scalar(t0, p0["timestamp"].type)),
                                      pa.compute.less(p0["timestamp"], pa.scalar(t1, p0["timestamp"].type))))
     assert read_all(r, parts).equals(want)
 
 
-def _piece(partition: int, seq: int, size: int) -> _Piece:
+def _piece(partition: int, seq: int, size: int) -> SegmentPiece:
     ref = SegmentRef("t", partition, seq, f"t/{partition}/{seq}", first_offset=seq * 1000,
                      last_offset=seq * 1000 + 999, records=1000, size_bytes=size)
-    return _Piece(ref, None, None)
+    return SegmentPiece(ref)
 
 
 def test_packing_keeps_a_partition_worth_a_task_apart() -> None:
@@ -236,3 +236,14 @@ def test_worker_heap_is_frozen_only_in_a_daemon_worker(monkeypatch: pytest.Monke
     monkeypatch.setitem(mod.sys.modules, "kbs_test_newly_imported", mod)  # e.g. numba, loaded later
     mod._freeze_worker_heap()
     assert calls == ["freeze", "freeze"]
+
+
+def test_segment_piece_pickles_small_and_whole() -> None:
+    """What a task gets: every field of the piece and its ref back, without the field names
+    (a payload of refs and numbers: a task's size does not grow with the manifest)."""
+    ref = SegmentRef("t", 3, 7, "b/topics/t/3/segment-00000007.kbs", 100, 199, 100, 1_000, 2_000, 4096,
+                     2**63 + 5, "zstd", "kbs", True, 0xDEADBEEF)
+    piece = SegmentPiece(ref, 120, None, BatchRun((2, 5), (512, 2048), (110, 160)), 9000)
+    raw = pickle.dumps(piece)
+    assert pickle.loads(raw) == piece and b"first_offset" not in raw
+    assert len(raw) < 250

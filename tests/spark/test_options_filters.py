@@ -29,8 +29,10 @@ from fsspec_kbs.spark import (  # noqa: E402
     KbsSegmentPartition,
     parse_options,
 )
-from fsspec_kbs.spark.filters import scan_filter_from_dict, scan_filter_to_dict, translate  # noqa: E402
+from fsspec_kbs.spark.filters import translate  # noqa: E402
+from fsspec_kbs.spark.partition import SegmentPiece  # noqa: E402
 from fsspec_kbs.spark.source import spark_schema  # noqa: E402
+from fsspec_kbs.store import SegmentRef  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -168,7 +170,7 @@ def test_translate_filters() -> None:
     sf2, _ = translate([GreaterThanOrEqual(("timestamp",), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)),
                         LessThan(("timestamp",), dt.datetime(2026, 1, 1, 0, 0, 1))])  # naive = UTC
     assert (sf2.start_time, sf2.end_time) == (ms, ms + 1000)
-    assert scan_filter_from_dict(scan_filter_to_dict(sf)) == sf
+    assert pickle.loads(pickle.dumps(sf)) == sf  # the reader ships it to executors
 
 
 def test_reader_plans_and_pickles(conformance) -> None:  # type: ignore[no-untyped-def]
@@ -184,17 +186,17 @@ def test_reader_plans_and_pickles(conformance) -> None:  # type: ignore[no-untyp
     rest = reader.pushFilters([EqualTo(("topic",), "orders"), f_part, f_value])
     assert list(rest) == [f_value]
     parts = reader.partitions()
-    assert [(s["ref"]["topic"], s["ref"]["partition"]) for p in parts for s in p.segments] == [("orders", 1)] * 2
-    # Partitions and the reader after pushFilters hold plain data only.
+    assert [(s.ref.topic, s.ref.partition) for p in parts for s in p.segments] == [("orders", 1)] * 2
+    # Partitions and the reader after pushFilters hold small frozen values only.
     clone = pickle.loads(pickle.dumps(reader))
     assert clone.pushed == reader.pushed and clone.partitions() == parts
     for p in parts:
         assert pickle.loads(pickle.dumps(p)) == p
-        json.dumps(p.segments)  # str/int/None only
+        assert all(type(s) is SegmentPiece and type(s.ref) is SegmentRef for s in p.segments)
     # Nothing matches: one empty partition, read yields nothing.
     none = KbsPushdownReader(parse_options({"path": url}), COLS)
     none.pushFilters([EqualTo(("topic",), "nope")])
-    assert none.partitions() == [KbsSegmentPartition(0, [])]
+    assert none.partitions() == [KbsSegmentPartition(0)]
     assert list(none.read(none.partitions()[0])) == []
 
 

@@ -124,7 +124,7 @@ def test_min_partitions_splits_segments(case) -> None:  # type: ignore[no-untype
         assert _rows(split, parts) == rows  # every record once
     capped = KbsReader(parse_options({"path": url, "maxRecordsPerPartition": "100"}), COLS)
     parts = capped.partitions()
-    assert all(sum((s["end"] or 10**9) - (s["start"] or 0) if s["end"] is not None else 100 for s in p.segments)
+    assert all(sum((s.end or 10**9) - (s.start or 0) if s.end is not None else 100 for s in p.segments)
                <= 100 or len(p.segments) == 1 for p in parts)
     assert len(parts) >= len(rows) // 100 and _rows(capped, parts) == rows
 
