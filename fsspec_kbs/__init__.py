@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from fsspec_kbs.maintenance.index import add_indexes
     from fsspec_kbs.maintenance.retain import retain_backup
     from fsspec_kbs.store import (
+        Backup,
         BackupWriter,
         KbsBackup,
         Manifest,
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 
 #: Public name -> the module defining it.
 _EXPORTS = {
+    "Backup": "fsspec_kbs.store",
     "BackupNotFoundError": "fsspec_kbs.errors",
     "BackupWriter": "fsspec_kbs.store",
     "ChecksumError": "fsspec_kbs.errors",
@@ -91,6 +93,7 @@ _EXPORTS = {
 __all__ = [
     "KAFKA_SCHEMA",
     "KAFKA_VIEW_SCHEMA",
+    "Backup",
     "BackupNotFoundError",
     "BackupWriter",
     "ChecksumError",

@@ -17,9 +17,9 @@ from fsspec_kbs.errors import KbsError, SegmentFormatError
 from fsspec_kbs.filters import ScanFilter, TimeLike, dnf_to_expression, dnf_to_scan_filter
 from fsspec_kbs.format import RecordColumns, ViewColumns
 from fsspec_kbs.format.segment import Decoded
-from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
-from fsspec_kbs.store.backup import Bounds
+from fsspec_kbs.store import Backup, SegmentRef, open_backup
 from fsspec_kbs.store.opened import OpenedSegment
+from fsspec_kbs.store.segment_ref import Bounds
 from fsspec_kbs.threads import run_in_order, worker_pool
 
 _ROW_COLUMNS = ("offset", "timestamp")
@@ -49,7 +49,7 @@ class KbsDataset:
     >>> ds.filter(topics="orders", start_time="2026-11-01").to_pandas()  # doctest: +SKIP
     """
 
-    def __init__(self, backup: KbsBackup, scan_filter: ScanFilter | None = None) -> None:
+    def __init__(self, backup: Backup, scan_filter: ScanFilter | None = None) -> None:
         self.backup = backup
         self.scan_filter = scan_filter or ScanFilter()
 
@@ -84,7 +84,7 @@ class KbsDataset:
         """The segments a scan would open, decided from the manifest.
 
         Segments of the wanted partitions that the offset bounds prune have their header and
-        footer read and compared with the manifest (:meth:`KbsBackup.check_unread`): a
+        footer read and compared with the manifest (:meth:`Backup.check_unread`): a
         manifest whose offsets lie raises instead of dropping rows.
         """
         sf = self.scan_filter if scan_filter is None else self.scan_filter.and_(scan_filter)
@@ -258,7 +258,7 @@ class KbsScanner:
         The decoding threads go from one segment's chunks to the next's without waiting, and
         also build each chunk's Arrow batch; this thread only runs the in-order checks and
         hands the batches on. Segments are opened ahead (:func:`opened_ahead`). Errors are
-        those of :meth:`KbsBackup.iter_columns`, raised or (``on_error="skip"``) collected
+        those of :meth:`Backup.iter_columns`, raised or (``on_error="skip"``) collected
         in segment order.
         """
         backup = self.dataset.backup
@@ -372,14 +372,15 @@ class _Segment:
         self.kept: list[pa.RecordBatch] = []
 
 
-def opened_ahead(backup: KbsBackup, refs: list[SegmentRef], verify: bool, workers: int,
+def opened_ahead(backup: Backup, refs: list[SegmentRef], verify: bool, workers: int,
                  bounds: Callable[[SegmentRef], Bounds] | None = None) -> Iterator[tuple[SegmentRef, cf.Future]]:
-    """Each ref with the future of :meth:`KbsBackup.open_chunks`, in order, opening up to
+    """Each ref with the future of :meth:`Backup.open_chunks`, in order, opening up to
     ``workers`` ahead of the one being read, on ``workers`` threads (parallel reads for remote
     stores).
 
-    A segment opened ahead is held whole only when below ``backup.stream_min_bytes``
-    (4 MiB): the segments held ahead stay below ``workers * 4 MiB``.
+    A KBS segment opened ahead is held whole only when below ``KbsBackup.stream_min_bytes``
+    (4 MiB): the segments held ahead stay below ``workers * 4 MiB`` (an OSO segment is one
+    compressed unit, decoded whole).
     """
     pool = worker_pool("io", workers)
     ahead: deque[tuple[SegmentRef, cf.Future]] = deque()

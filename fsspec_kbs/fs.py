@@ -37,9 +37,9 @@ from fsspec_kbs.fs_views import (
     view_info,
     write_parquet,
 )
-from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
-from fsspec_kbs.store.backup import segment_missing
+from fsspec_kbs.store import Backup, SegmentRef, open_backup
 from fsspec_kbs.store.names import MANIFEST
+from fsspec_kbs.store.segment_ref import segment_missing
 
 try:  # fsspec >= 2025.x: url_to_fs hands a chained filesystem the full target path as its path too
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -170,7 +170,7 @@ class KbsFileSystem(_Base):
         self.verify_checksums = verify_checksums
         self.spool_bytes = spool_bytes
         backup, self.fo_inner = self._resolve_backup(fs, path.rstrip("/"))
-        self._backup: KbsBackup | None = backup
+        self._backup: Backup | None = backup
         self._backup_path = backup.path
         self._root_key = backup.path.strip("/")
         #: URL of the backup root on its storage (for messages and ``info("")``)
@@ -182,7 +182,7 @@ class KbsFileSystem(_Base):
         self._manifest_raw: bytes | None = None
 
     # -- opening -----------------------------------------------------------------------------------
-    def _resolve_backup(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[KbsBackup, str]:
+    def _resolve_backup(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[Backup, str]:
         """The backup at ``path`` or at a prefix of it, and the rest of ``path`` inside it.
 
         A backup root is where ``manifest.json`` is: checked at ``path`` first (the usual case,
@@ -248,7 +248,7 @@ class KbsFileSystem(_Base):
 
     # -- the tree ----------------------------------------------------------------------------------
     @property
-    def backup(self) -> KbsBackup:
+    def backup(self) -> Backup:
         """The opened backup (``fsspec_kbs.store``); re-opened after :meth:`invalidate_cache`."""
         if self._backup is None:
             self._backup = open_backup(self._backup_path, allow_incomplete=self.allow_incomplete, fs=self.target)

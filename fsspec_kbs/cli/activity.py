@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fsspec_kbs.store import KbsBackup, SegmentRef
+from fsspec_kbs.store import Backup, SegmentRef
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 EMPTY = "·"
@@ -58,7 +58,7 @@ def _spread(edges: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarra
     return out
 
 
-def _units(backup: KbsBackup, refs: list[SegmentRef]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+def _units(backup: Backup, refs: list[SegmentRef]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """(counts, min ts, max ts) per batch (index) or per segment; bool: an index was used."""
     counts, lo, hi, indexed = [], [], [], False
     for ref in refs:
@@ -90,7 +90,7 @@ def _offset_gaps(refs: list[SegmentRef]) -> list[tuple[int, int]]:
     return gaps
 
 
-def compute(backup: KbsBackup, bins: int, exact: bool = False) -> Activity | None:
+def compute(backup: Backup, bins: int, exact: bool = False) -> Activity | None:
     """Records per time bin for each partition, or None when the backup records no timestamps
     (and ``exact`` is False) or holds no record."""
     by_part: dict[tuple[str, int], list[SegmentRef]] = {}
@@ -119,7 +119,7 @@ def _boundaries(refs: list[SegmentRef]) -> list[int]:
     return [r.min_timestamp for r in refs[1:] if r.min_timestamp is not None]
 
 
-def _exact(backup: KbsBackup, keys: list[tuple[str, int]], by_part: dict[tuple[str, int], list[SegmentRef]],
+def _exact(backup: Backup, keys: list[tuple[str, int]], by_part: dict[tuple[str, int], list[SegmentRef]],
            bins: int) -> Activity | None:
     from fsspec_kbs.dataset import KbsDataset
 

@@ -21,7 +21,7 @@ def index_cmd(url: str, storage_option: tuple, storage_options_json: str | None)
     verified. OSO-layout backups are refused (their format has no index).
     """
     from fsspec_kbs.maintenance.index import add_indexes
-    from fsspec_kbs.store.backup import SegmentRef
+    from fsspec_kbs.store.segment_ref import SegmentRef
 
     opts = storage_options_from(storage_option, storage_options_json)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

@@ -29,7 +29,7 @@ from fsspec_kbs.cli.common import (
 from fsspec_kbs.errors import KbsError
 
 if TYPE_CHECKING:  # a type only: importing the store here would slow `kbs --help`
-    from fsspec_kbs.store.backup import BackupDescription
+    from fsspec_kbs.store.layout import BackupDescription
 
 #: ``kbs cat --binary`` choices (the encoders are in fsspec_kbs.arrow.jsonl; importing it here
 #: would make ``kbs --help`` import pyarrow).

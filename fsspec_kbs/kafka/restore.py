@@ -104,9 +104,7 @@ def parse_offset_ranges(specs: list[str] | tuple[str, ...]) -> dict[tuple[str, i
 
 
 def _source_partition_counts(ds: KbsDataset) -> dict[str, int]:
-    manifest = getattr(ds.backup, "manifest", None)
-    extra = getattr(manifest, "extra", None) or {}
-    counts = (extra.get("kafka") or {}).get("partition_counts") or {}
+    counts = (ds.backup.manifest_extra.get("kafka") or {}).get("partition_counts") or {}
     return {str(t): int(n) for t, n in counts.items()}
 
 

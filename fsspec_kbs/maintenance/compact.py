@@ -31,9 +31,11 @@ from fsspec_kbs.arrow.convert import batch_to_columns, columns_to_batch
 from fsspec_kbs.format import RecordColumns
 from fsspec_kbs.format.codecs import CODEC_BY_NAME
 from fsspec_kbs.maintenance.units import parse_duration
-from fsspec_kbs.store.backup import KbsBackup, SegmentRef
+from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.commit import STREAMS_FIELD
+from fsspec_kbs.store.layout import Backup
 from fsspec_kbs.store.open import open_backup
+from fsspec_kbs.store.segment_ref import SegmentRef
 from fsspec_kbs.store.txn import WriteMode
 from fsspec_kbs.store.writer import BackupWriter
 
@@ -153,7 +155,8 @@ def compact_backup(
     """
     retention = None if delete_retention is None else parse_duration(delete_retention)
     backup = open_backup(url, storage_options)  # either layout (KBS or oso-native); writes KBS
-    kbs_manifest = backup.manifest if backup.layout == "kbs" else None
+    # What a KBS source's manifest says is kept (codec, cluster, streaming sinks' records).
+    kbs_manifest = backup.manifest if isinstance(backup, KbsBackup) else None
     if compression is None:
         codecs = {r.codec for r in backup.segments()}
         compression = (kbs_manifest.compression.get("algorithm") if kbs_manifest is not None
@@ -181,7 +184,7 @@ def compact_backup(
     return report
 
 
-def _compact_partition(backup: KbsBackup, writer: BackupWriter, topic: str, partition: int,
+def _compact_partition(backup: Backup, writer: BackupWriter, topic: str, partition: int,
                        refs: list[SegmentRef], retention: int | None, verify: bool) -> PartitionCompaction:
     stats = PartitionCompaction(topic, partition)
     keys, offsets, stamps, tombs = [], [], [], []

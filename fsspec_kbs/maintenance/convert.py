@@ -12,14 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from fsspec.utils import get_protocol
 
 from fsspec_kbs.arrow.convert import check_header_keys
-from fsspec_kbs.store import BackupWriter, KbsBackup, SegmentRef, open_backup
-from fsspec_kbs.store.commit import COMMIT_FIELD
+from fsspec_kbs.store import Backup, BackupWriter, SegmentRef, open_backup
 from fsspec_kbs.store.oso_writer import OSO_SEGMENT_MAX_BYTES, OsoBackupWriter
 
 LAYOUTS = ("kbs", "oso")
@@ -48,68 +46,38 @@ class ConvertResult:
     manifest: Any = None
 
 
-def _ms_from_iso(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None
-
-
-def _iso_from_ms(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def _source_codec(src: KbsBackup) -> str:
+def _source_codec(src: Backup) -> str:
     refs = src.segments()
     return (refs[0].codec if refs and refs[0].codec else None) or "zstd"
 
 
-def _oso_writer(src: KbsBackup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
+def _oso_writer(src: Backup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
                 level: int | None, segment_max_bytes: int | None, segment_max_records: int | None,
                 overwrite: bool) -> OsoBackupWriter:
     """The OSO-layout writer, carrying the source's creation time and cluster over."""
-    m = src.manifest
-    created, cluster_id, brokers = None, None, []
-    if src.layout == "oso" and m is not None:
-        created, cluster_id, brokers = m.created_at, m.source_cluster_id, m.source_brokers or []
-    elif m is not None:
-        created = _ms_from_iso(m.created_at)
-        sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
-        cluster_id = sc.get("cluster_id")
-        brokers = sc.get("bootstrap_servers") or []
-        if isinstance(brokers, str):
-            brokers = [b for b in brokers.split(",") if b]
+    origin = src.origin()
     return OsoBackupWriter(dst_url, dst_storage_options, compression=compression, level=level,
                            segment_max_bytes=segment_max_bytes or OSO_SEGMENT_MAX_BYTES,
                            segment_max_records=segment_max_records, overwrite=overwrite,
-                           created_at=created, source_cluster_id=cluster_id, source_brokers=brokers)
+                           created_at=origin.created_at_ms, source_cluster_id=origin.cluster_id,
+                           source_brokers=origin.brokers)
 
 
-def _kbs_writer(src: KbsBackup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
+def _kbs_writer(src: Backup, dst_url: str, dst_storage_options: dict | None, *, compression: str,
                 level: int | None, segment_max_bytes: int | None, segment_max_records: int | None,
                 overwrite: bool) -> BackupWriter:
     """The KBS writer, carrying the source's creation time and cluster over."""
-    m = src.manifest
-    source_cluster = None
-    if src.layout == "oso" and m is not None:
-        if m.source_cluster_id is not None or m.source_brokers:
-            source_cluster = {"cluster_id": m.source_cluster_id, "bootstrap_servers": ",".join(m.source_brokers or [])}
-    elif m is not None:
-        source_cluster = m.source_cluster
+    origin = src.origin()
     kwargs: dict[str, Any] = {} if segment_max_bytes is None else {"segment_max_bytes": segment_max_bytes}
     writer = BackupWriter(dst_url, dst_storage_options, compression=compression, level=level,
                           segment_max_records=segment_max_records, mode="overwrite" if overwrite else "error",
-                          source_cluster=source_cluster, **kwargs)
-    if src.layout == "oso" and m is not None:
-        writer.created_at = _iso_from_ms(m.created_at)
-    elif m is not None and src.layout == "kbs":
-        writer.created_at = m.created_at
+                          source_cluster=origin.source_cluster, **kwargs)
+    if origin.created_at is not None:
+        writer.created_at = origin.created_at
     return writer
 
 
-def _copy(src: KbsBackup, refs: list[SegmentRef], writer: BackupWriter | OsoBackupWriter, *, flush_partitions: bool,
+def _copy(src: Backup, refs: list[SegmentRef], writer: BackupWriter | OsoBackupWriter, *, flush_partitions: bool,
           verify_checksums: bool, progress: Callable[[ConvertProgress], None] | None) -> ConvertProgress:
     """Every record of ``refs``, read and checked, into ``writer`` (not committed)."""
     state = ConvertProgress(segments_total=len(refs))
@@ -128,20 +96,6 @@ def _copy(src: KbsBackup, refs: list[SegmentRef], writer: BackupWriter | OsoBack
         if progress is not None:
             progress(state)
     return state
-
-
-def _provenance(src: KbsBackup) -> dict[str, Any]:
-    """The manifest fields a KBS copy carries over: a KBS source's own (kbs-format.md §3: tools
-    that rewrite a manifest keep fields they do not know, e.g. streaming sinks' batch records),
-    or for an OSO source where it came from and the gaps the tool noted."""
-    if src.layout != "oso":
-        extra = src.manifest.extra if src.manifest is not None else {}
-        return {k: v for k, v in extra.items() if k != COMMIT_FIELD}
-    extra: dict[str, Any] = {"converted_from": {"layout": "oso", "backup_id": src.backup_id}}
-    gaps = src.gaps()  # type: ignore[attr-defined]
-    if gaps:
-        extra["oso_gaps"] = gaps
-    return extra
 
 
 def convert_backup(
@@ -217,7 +171,7 @@ def convert_backup(
             result.manifest = writer.commit()
             result.segments_written = writer.segments_written
         else:
-            result.manifest = writer.commit(extra=_provenance(src) or None)
+            result.manifest = writer.commit(extra=src.copy_fields() or None)
             result.segments_written = len(writer.written_segments)
     except BaseException:
         writer.abort()

@@ -33,12 +33,14 @@ from fsspec_kbs.format.batch_index import (
 )
 from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.format.segment import SegmentReader
-from fsspec_kbs.store.backup import KbsBackup, SegmentRef, resolve
+from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import COMMIT_FIELD, put_file
+from fsspec_kbs.store.layout import resolve
 from fsspec_kbs.store.manifest import WRITE_VERSION, Manifest, SegmentEntry, summarize
 from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, partition_dir, segment_name
 from fsspec_kbs.store.open import open_backup
+from fsspec_kbs.store.segment_ref import SegmentRef
 from fsspec_kbs.store.txn import BackupState, Move, Transaction
 
 #: ``progress(done, total, ref, action)`` after each segment; action is "indexed", "verified" or "rebuilt".
@@ -91,10 +93,10 @@ def add_indexes(url: str, storage_options: dict | None = None, *, progress: Prog
     """
     fsys, path = resolve(url, storage_options, fs)  # type: ignore[arg-type]
     backup = open_backup(url, storage_options, fs=fsys)
-    if backup.layout != "kbs":
+    if not isinstance(backup, KbsBackup):
         raise UnsupportedLayoutError(f"{url} is an OSO kafka-backup ({backup.layout} layout): that format has no batch index; "
                        "convert it to KBS first (kbs convert SRC DST --layout kbs), which writes indexes")
-    assert isinstance(backup, KbsBackup) and backup.manifest is not None
+    assert backup.manifest is not None
     txn = Transaction(fsys, path, url, "append")
     try:
         report = IndexReport(url, version_before=backup.manifest.version)

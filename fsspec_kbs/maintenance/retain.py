@@ -30,7 +30,7 @@ from fsspec_kbs.filters import to_millis
 from fsspec_kbs.format.batch_index import encode_index
 from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.maintenance.units import parse_duration, parse_size
-from fsspec_kbs.store.backup import KbsBackup, SegmentRef
+from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.manifest import (
@@ -48,6 +48,7 @@ from fsspec_kbs.store.names import (
     segment_name,
 )
 from fsspec_kbs.store.open import open_backup
+from fsspec_kbs.store.segment_ref import SegmentRef
 from fsspec_kbs.store.txn import Move, Transaction, json_of
 
 
@@ -159,7 +160,7 @@ def retain_backup(
     if age is None and size_cap is None:
         raise ValueError("give max_age and/or max_bytes")
     backup = open_backup(url, storage_options)
-    if backup.layout != "kbs":
+    if not isinstance(backup, KbsBackup):
         raise UnsupportedLayoutError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
                        "it first (kbs convert SRC DST --layout kbs)")
     if backup.manifest is None:  # pragma: no cover - open_backup refuses incomplete backups

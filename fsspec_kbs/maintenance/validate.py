@@ -7,13 +7,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from fsspec_kbs.arrow.convert import check_header_keys
-from fsspec_kbs.errors import BatchIndexDamagedError, KbsError, SegmentMismatchError
-from fsspec_kbs.format import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, SegmentHeader
-from fsspec_kbs.format.batch_index import verify_index
-from fsspec_kbs.format.codecs import CODEC_NAMES
-from fsspec_kbs.store import KbsBackup, SegmentRef, open_backup
-from fsspec_kbs.store.backup import check_size
-from fsspec_kbs.store.batch_index import index_path
+from fsspec_kbs.errors import KbsError, SegmentMismatchError
+from fsspec_kbs.store import SegmentRef, open_backup
 
 
 @dataclass
@@ -56,51 +51,6 @@ def _check_partition_order(refs: list[SegmentRef], report: ValidationReport) -> 
         prev = ref
 
 
-def _quick_segment(backup: KbsBackup, ref: SegmentRef) -> None:
-    fs = backup.fs
-    size = fs.size(ref.path)
-    check_size(ref, size)
-    head = fs.cat_file(ref.path, start=0, end=HEADER_SIZE)
-    h = SegmentHeader.parse(head, ref.path)
-    foot = fs.cat_file(ref.path, start=max(0, size - FOOTER_SIZE), end=size)
-    f = SegmentFooter.parse(b"\0" * HEADER_SIZE + foot if size >= HEADER_SIZE + FOOTER_SIZE else head[:size], ref.path)
-    for what, mine, theirs, at in (("record count", h.record_count, ref.records, 16),
-                                   ("first offset", h.first_offset, ref.first_offset, 8),
-                                   ("CRC-64", h.checksum, ref.crc64, 24),
-                                   ("last offset", f.last_offset, ref.last_offset, size - FOOTER_SIZE)):
-        if theirs is not None and mine != theirs:
-            raise SegmentMismatchError(f"{what} {mine} in the file but {theirs} in the manifest", ref.path, at)
-    if ref.codec is not None and CODEC_NAMES[h.codec] != ref.codec:
-        raise SegmentMismatchError(f"segment codec {h.codec.name.lower()} but the manifest says {ref.codec}", ref.path, 5)
-
-
-#: Record data per decoded chunk in deep validation: with one batch at most 16 MiB, memory
-#: stays at about one batch per decoding thread, whatever the batches claim.
-DEEP_CHUNK_BYTES = 2 * 1024 * 1024
-
-
-def _deep_segment(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) -> None:
-    # A matching CRC-64 covers every batch byte, but a writer may still have stored a wrong
-    # CRC-32 under a right CRC-64: deep validation checks each batch's own checksum too.
-    # Streamed or whole, every batch CRC-32 is checked as its batch is decoded.
-    for cols in backup.iter_columns(ref, max_chunk_bytes=DEEP_CHUNK_BYTES):
-        check_header_keys(cols, ref.path)
-        report.records_checked += len(cols)
-    index = backup.batch_index(ref)
-    if index is not None:
-        verify_index(index, backup.open_segment(ref))
-
-
-def _check_index(backup: KbsBackup, ref: SegmentRef, report: ValidationReport) -> None:
-    """A batch index the manifest names (1.2 ``index_crc32``) must be there and intact."""
-    if ref.index_crc32 is None:
-        return
-    if backup.batch_index(ref) is None:
-        report.add(ref.path, BatchIndexDamagedError(
-            f"batch index not usable ({backup.index_problems.get(ref.path)}); reads fall back to the "
-            "whole segment (`kbs index` rewrites it)", index_path(ref.path), None, ref.path, index_path(ref.path)))
-
-
 def validate_backup(
     url: str,
     storage_options: dict | None = None,
@@ -121,27 +71,11 @@ def validate_backup(
         report.add(url, e)
         return report
     _check_partition_order(refs, report)
-    if backup.layout == "kbs" and backup.manifest is not None:
-        stats = backup.manifest.statistics
-        total = sum(r.records or 0 for r in refs)
-        if stats.get("records") != total:
-            report.add(url, SegmentMismatchError(
-                f"manifest statistics say {stats.get('records')} records but its segments hold {total}", url))
-        for t in backup.manifest.topics:
-            for p in t.partitions:
-                if p.segment_index is not None and p.records != sum(s.records for s in p.segment_index):
-                    report.add(url, SegmentMismatchError(
-                        f"{t.name}/{p.partition}: partition records {p.records} differ from its segment_index", url))
-    check = getattr(backup, "validate_segment", None)
+    for defect in backup.manifest_defects(refs):
+        report.add(url, defect)
     for ref in refs:
         try:
-            if check is not None:
-                check(ref, deep, report, partial(check_header_keys, path=ref.path))
-            else:
-                _quick_segment(backup, ref)
-                _check_index(backup, ref, report)
-                if deep:
-                    _deep_segment(backup, ref, report)
+            backup.validate_segment(ref, deep, report, partial(check_header_keys, path=ref.path))
             report.bytes_checked += ref.size_bytes or 0
         except (KbsError, FileNotFoundError) as e:
             report.add(ref.path, e)

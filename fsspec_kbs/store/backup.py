@@ -1,21 +1,20 @@
-"""Open a KBS backup directory on any fsspec filesystem and read its segments."""
+"""The KBS layout (kbs-format.md): :class:`KbsBackup`, a backup directory of ``segment-N.kbs``
+files, their batch indexes and a ``manifest.json``, on any fsspec filesystem."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import fsspec
 import numpy as np
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
 from fsspec_kbs.errors import (
-    BackupNotFoundError,
+    BatchIndexDamagedError,
     BatchIndexError,
-    IncompleteBackupError,
     InvalidNameError,
+    KbsError,
     ManifestMismatchError,
     SegmentFormatError,
     SegmentMismatchError,
@@ -28,18 +27,25 @@ from fsspec_kbs.format import (
     SegmentFooter,
     SegmentHeader,
     SegmentReader,
-    ViewColumns,
 )
-from fsspec_kbs.format.batch_index import BatchIndex, index_from_segment
+from fsspec_kbs.format.batch_index import BatchIndex, index_from_segment, verify_index
 from fsspec_kbs.format.codecs import CODEC_BY_NAME, CODEC_NAMES
 from fsspec_kbs.store.batch_index import IndexedSource, index_lookup, index_path
-from fsspec_kbs.store.commit import COMMITS_DIR, manifest_commit, record_path
+from fsspec_kbs.store.commit import COMMIT_FIELD, COMMITS_DIR, manifest_commit, record_path
+from fsspec_kbs.store.layout import (
+    Backup,
+    BackupDescription,
+    Origin,
+    ValidationSink,
+    ms_from_iso,
+    read_manifest_bytes,
+    resolve,
+)
 from fsspec_kbs.store.listing import topic_tree_entries
 from fsspec_kbs.store.manifest import Manifest, SegmentEntry
 from fsspec_kbs.store.names import (
     MANIFEST,
     TOPICS_DIR,
-    check_backup_id,
     check_partition,
     check_topic,
     parse_segment_name,
@@ -47,62 +53,22 @@ from fsspec_kbs.store.names import (
     segment_name,
 )
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
-from fsspec_kbs.store.pooled import read_pooled
+from fsspec_kbs.store.segment_ref import (
+    Bounds,
+    SegmentRef,
+    check_order,
+    check_size,
+    segment_missing,
+)
 from fsspec_kbs.store.stream import STREAM_BLOCK_SIZE, STREAM_MIN_BYTES, SegmentStream
 
+# Where these lived before the layouts became siblings; imported from here by other modules.
+__all__ = ["BackupDescription", "Bounds", "KbsBackup", "SegmentRef", "check_order", "check_size",
+           "read_manifest_bytes", "resolve", "segment_missing"]
 
-@dataclass(frozen=True)
-class SegmentRef:
-    """One segment of a backup, with what is known about it before opening it.
-
-    Fields that are unknown (a 1.0 manifest has no timestamps) are None. ``path`` is a path
-    on the backup's filesystem, never a filesystem object, so refs pickle cheaply.
-    """
-
-    topic: str
-    partition: int
-    seq: int
-    path: str
-    first_offset: int | None = None
-    last_offset: int | None = None
-    records: int | None = None
-    min_timestamp: int | None = None
-    max_timestamp: int | None = None
-    size_bytes: int | None = None
-    crc64: int | None = None
-    codec: str | None = None
-    layout: str = "kbs"
-    #: ``min_timestamp``/``max_timestamp`` were checked against data (a batch index) and may
-    #: prune: a manifest's claim alone never drops a segment from a time-filtered read.
-    time_checked: bool = False
-    #: The manifest's CRC-32 of the segment's batch index (1.2); None: no index to use.
-    index_crc32: int | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
-
-    def may_contain(
-        self,
-        start_offset: int | None = None,
-        end_offset: int | None = None,
-        start_time: int | None = None,
-        end_time: int | None = None,
-    ) -> bool:
-        """False only if the segment certainly holds no record in the bounds (end exclusive)."""
-        if start_offset is not None and self.last_offset is not None and self.last_offset < start_offset:
-            return False
-        if end_offset is not None and self.first_offset is not None and self.first_offset >= end_offset:
-            return False
-        if not self.time_checked:
-            return True
-        if start_time is not None and self.max_timestamp is not None and self.max_timestamp < start_time:
-            return False
-        return not (end_time is not None and self.min_timestamp is not None and self.min_timestamp >= end_time)
-
-
-#: Start and end offset, start and end time of a read (end exclusive; None: unbounded).
-Bounds = tuple[int | None, int | None, int | None, int | None]
+#: Record data per decoded chunk in deep validation: with one batch at most 16 MiB, memory
+#: stays at about one batch per decoding thread, whatever the batches claim.
+DEEP_CHUNK_BYTES = 2 * 1024 * 1024
 
 
 def _cat_or_error(fs: fsspec.AbstractFileSystem, path: str) -> bytes | Exception:
@@ -112,107 +78,18 @@ def _cat_or_error(fs: fsspec.AbstractFileSystem, path: str) -> bytes | Exception
         return e
 
 
-def segment_missing(ref: SegmentRef, error: OSError | None = None) -> BackupNotFoundError:
-    """The error for a segment the manifest lists but the store does not have as a file."""
-    if isinstance(error, IsADirectoryError):
-        return BackupNotFoundError(f"segment {ref.path} listed in the manifest is a directory, not a file")
-    return BackupNotFoundError(f"segment {ref.path} listed in the manifest is missing")
-
-
-def check_size(ref: SegmentRef, size: int) -> None:
-    """Compare a segment file's size with what the manifest says of it."""
-    if ref.size_bytes is None or size == ref.size_bytes:
-        return
-    if size < ref.size_bytes:
-        raise TruncatedSegmentError(
-            f"file is {size} bytes but the manifest says {ref.size_bytes}: the last "
-            f"{ref.size_bytes - size} bytes are missing (truncated segment)", ref.path, size)
-    raise SegmentMismatchError(
-        f"file is {size} bytes but the manifest says {ref.size_bytes}", ref.path, ref.size_bytes)
-
-
-def check_order(refs: list[SegmentRef]) -> list[SegmentRef]:
-    """``refs`` (sorted), after checking that each partition's segments hold increasing,
-    non-overlapping offset ranges in sequence order (§1), where their ranges are known."""
-    for prev, ref in zip(refs, refs[1:], strict=False):
-        if ((prev.topic, prev.partition) == (ref.topic, ref.partition) and prev.last_offset is not None
-                and ref.first_offset is not None and ref.first_offset <= prev.last_offset):
-            raise SegmentMismatchError(
-                f"first offset {ref.first_offset} is not above the previous segment's last offset "
-                f"{prev.last_offset} ({prev.name}): segments overlap or are out of order", ref.path, 8)
-    return refs
-
-
-def _strip(path: str) -> str:
-    return path.rstrip("/")
-
-
-def resolve(url: str, storage_options: dict | None = None,
-            fs: fsspec.AbstractFileSystem | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and path of ``url`` (``url`` is already a path when ``fs`` is given)."""
-    if fs is None:
-        fs, url = url_to_fs(url, **(storage_options or {}))
-    return fs, _strip(url)
-
-
-def read_manifest_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes | None:
-    """``manifest.json`` of the backup at ``path``, or None when there is none."""
-    try:
-        return fs.cat_file(f"{path}/{MANIFEST}")
-    except FileNotFoundError:
-        return None
-
-
-
-@dataclass(frozen=True)
-class BackupDescription:
-    """What ``kbs describe`` shows of a backup, the same for every layout.
-
-    ``compression`` is the manifest's object (``{"algorithm": ..., "level": ...}``),
-    ``source_cluster`` the cluster it was taken from, ``statistics`` and ``time_range`` the
-    manifest's claims (None where the layout records none), ``gaps`` what the OSO tool noted.
-    """
-
-    url: str
-    backup_id: str
-    layout: str
-    complete: bool
-    segments: list[SegmentRef]
-    version: str | None = None
-    created_at: str | None = None
-    completed_at: str | None = None
-    compression: dict[str, Any] | None = None
-    source_cluster: dict[str, Any] | None = None
-    statistics: dict[str, Any] | None = None
-    time_range: dict[str, Any] | None = None
-    gaps: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The description without its segments, as JSON-ready values (``kbs describe --json``)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "segments"}
-
-class KbsBackup:
+class KbsBackup(Backup[Manifest]):
     """A KBS backup directory: manifest plus segments, on any fsspec filesystem.
 
     Use :meth:`open`; the constructor takes an already-resolved filesystem and path.
     """
 
     layout = "kbs"
-    #: Backup ids of this layout follow kbs-format.md §1.
-    check_id = True
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: Manifest | None,
                  url: str | None = None, storage_options: dict | None = None,
                  allow_incomplete: bool = False) -> None:
-        self.fs = fs
-        self.path = _strip(path)
-        self.manifest = manifest
-        self.url = url or path
-        self.storage_options = dict(storage_options or {})
-        self.allow_incomplete = allow_incomplete
-        self._segments: list[SegmentRef] | None = None
-        #: Segments whose header and footer offsets agree with the manifest.
-        self._checked: set[str] = set()
+        super().__init__(fs, path, manifest, url, storage_options, allow_incomplete)
         self._indexes: dict[str, BatchIndex | None] = {}
         #: Of each segment read whole: uncompressed batch bytes, min and max timestamp (check_totals).
         self._read_whole: dict[str, tuple[int, int | None, int | None]] = {}
@@ -221,71 +98,14 @@ class KbsBackup:
         #: Why a segment's batch index was not used (path -> reason), for ``validate``.
         self.index_problems: dict[str, str] = {}
 
-    # -- opening ---------------------------------------------------------------------------------
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None, allow_incomplete: bool = False,
-             fs: fsspec.AbstractFileSystem | None = None) -> KbsBackup:
-        """Open the backup at ``url`` (``<root>/<backup-id>``).
-
-        Parameters
-        ----------
-        url : str
-            Any fsspec URL or local path of the backup directory.
-        storage_options : dict, optional
-            Passed to the fsspec filesystem (e.g. ``{"endpoint_url": ...}`` for s3).
-        allow_incomplete : bool, default False
-            Read a backup without ``manifest.json`` (an interrupted backup) by listing its
-            segments. Without it such a backup raises :class:`IncompleteBackupError`.
-
-        Raises
-        ------
-        BackupNotFoundError, IncompleteBackupError, ManifestError, UnsupportedVersionError
-        """
-        fs, path = resolve(url, storage_options, fs)
-        return cls.from_storage(fs, path, read_manifest_bytes(fs, path), url, storage_options, allow_incomplete)
-
-    @classmethod
-    def from_storage(cls, fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None, url: str,
-                     storage_options: dict | None = None, allow_incomplete: bool = False) -> KbsBackup:
-        """Build from manifest bytes already read (None: no manifest there)."""
-        from fsspec_kbs.store.commit import check_commit_state
-
-        if cls.check_id:
-            check_backup_id(path.rsplit("/", 1)[-1])
-        if raw is None:
-            if not fs.exists(path):
-                raise BackupNotFoundError(f"no backup at {url}")
-            # No manifest but a claimed commit: an overwrite being applied, not an incomplete backup.
-            check_commit_state(fs, path, None, url)
-            if not allow_incomplete:
-                raise IncompleteBackupError(
-                    f"{url} has no {MANIFEST}: the backup is incomplete (interrupted or still running). "
-                    "Pass allow_incomplete=True (CLI: --allow-incomplete) to read what it holds."
-                )
-            return cls(fs, path, None, url, storage_options, allow_incomplete)
-        manifest = cls.parse_manifest(raw, f"{path}/{MANIFEST}")
-        check_commit_state(fs, path, manifest, url)  # a newer commit claimed: never read a mix
-        return cls(fs, path, manifest, url, storage_options, allow_incomplete)
-
-    @classmethod
-    def parse_manifest(cls, raw: bytes, path: str) -> Any:
+    def parse_manifest(cls, raw: bytes, path: str) -> Manifest:
         return Manifest.from_json(raw, path)
 
-    @property
-    def backup_id(self) -> str:
-        return self.manifest.backup_id if self.manifest else self.path.rsplit("/", 1)[-1]
-
-    @property
-    def complete(self) -> bool:
-        return self.manifest is not None
-
     # -- planning --------------------------------------------------------------------------------
-    def segments(self) -> list[SegmentRef]:
-        """Every segment in (topic, partition, sequence) order, from the manifest only when it can."""
-        if self._segments is None:
-            refs = self._discover() if self.manifest is None else self._from_manifest()
-            self._segments = check_order(sorted(refs, key=lambda r: (r.topic, r.partition, r.seq)))
-        return list(self._segments)
+    def _list_segments(self) -> list[SegmentRef]:
+        """From the manifest only when it can (checked against one listing); else the listing."""
+        return self._discover() if self.manifest is None else self._from_manifest()
 
     def _from_manifest(self) -> list[SegmentRef]:
         """The manifest's segments, after checking it names exactly the segment files stored
@@ -383,33 +203,6 @@ class KbsBackup:
                         f"{name.replace('_', ' ')} {found} in the file but {claim} in the manifest",
                         ref.path, 8 if name == "first_offset" else None)
             self._checked.add(ref.path)
-
-    def select(
-        self,
-        topics: Iterable[str] | None = None,
-        partitions: Iterable[int] | None = None,
-        start_offset: int | None = None,
-        end_offset: int | None = None,
-        start_time: int | None = None,
-        end_time: int | None = None,
-    ) -> list[SegmentRef]:
-        """Segments that may hold records matching the filters (pruned on metadata only)."""
-        tset = None if topics is None else set(topics)
-        pset = None if partitions is None else set(partitions)
-        return [
-            r for r in self.segments()
-            if (tset is None or r.topic in tset)
-            and (pset is None or r.partition in pset)
-            and r.may_contain(start_offset, end_offset, start_time, end_time)
-        ]
-
-    def topics(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for r in self.segments():
-            parts = out.setdefault(r.topic, [])
-            if r.partition not in parts:
-                parts.append(r.partition)
-        return out
 
     def _segment_path(self, topic: str, partition: int, seq: int) -> str:
         return f"{partition_dir(self.path, topic, partition)}/{segment_name(seq)}"
@@ -516,28 +309,6 @@ class KbsBackup:
         return [replace(r, time_checked=True) if self._indexes.get(r.path) is not None else r for r in refs]
 
     # -- reading ---------------------------------------------------------------------------------
-    def read_segment_bytes(self, ref: SegmentRef) -> bytes:
-        try:
-            data = self.fs.cat_file(ref.path)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
-            raise segment_missing(ref, e) from e
-        check_size(ref, len(data))
-        return data
-
-    def read_segment(self, ref: SegmentRef) -> bytes | memoryview:
-        """A whole segment file, for decoding: :meth:`read_segment_bytes`, except that local
-        files are read straight into Arrow pool memory (see :mod:`~fsspec_kbs.store.pooled`;
-        other filesystems' bytes come from their network layer anyway)."""
-        if not isinstance(self.fs, LocalFileSystem):
-            return self.read_segment_bytes(ref)
-        try:
-            with self.fs.open(ref.path, "rb") as f:
-                data = read_pooled(f, f.size + 1)  # one byte more: a file grown past its size shows
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
-            raise segment_missing(ref, e) from e
-        check_size(ref, len(data))
-        return data
-
     def open_segment(self, ref: SegmentRef, verify_checksums: bool = True,
                      batch_crc: bool = False) -> SegmentReader:
         """Read and check a segment; ``batch_crc`` also checks every batch CRC-32 (deep validation)."""
@@ -582,6 +353,11 @@ class KbsBackup:
         Otherwise segments of at least :attr:`stream_min_bytes` are streamed (only the chunks
         being decoded are in memory; their frames are read as the decode tasks are taken);
         smaller ones are read whole. Close the result (or let :func:`iter_opened` do it).
+
+        Decoding it (:meth:`iter_columns`), every batch CRC-32 is checked by the decoding
+        thread just before its batch is decoded, which also computes the batch's share of the
+        segment CRC-64; the CRC-64 is compared at the end, after the batches before it were
+        yielded (``SegmentReader(crc64_last=True)``: each byte is read from memory once).
         """
         if bounds is not None and any(b is not None for b in bounds) and verify_checksums:
             opened = self._open_indexed(ref, bounds)
@@ -645,28 +421,6 @@ class KbsBackup:
         return OpenedSegment(ref, IndexedSource(self.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64),
                              partial=True)
 
-    def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,
-                     max_chunk_bytes: int = 32 * 1024 * 1024,
-                     views: bool = False, threads: int | None = None,
-                     bounds: Bounds | None = None) -> Iterator[RecordColumns | ViewColumns]:
-        """Decode one segment in chunks, cross-checked against what the manifest says of it.
-
-        With ``views`` the chunks are :class:`~fsspec_kbs.format.ViewColumns`: Arrow views into
-        the decompressed batches, no copy of the record data.
-
-        Every batch CRC-32 is checked by the decoding thread just before its batch is decoded,
-        which also computes the batch's share of the segment CRC-64; the CRC-64 is compared
-        at the end, after the batches before it were yielded (``SegmentReader(crc64_last=True)``:
-        each byte is read from memory once). ``threads`` decode chunks at once (default:
-        :data:`~fsspec_kbs.format.segment.DECODE_THREADS`). Segments of at least
-        :attr:`stream_min_bytes` are also streamed (:meth:`open_chunks`). Any format error is re-diagnosed
-        (:meth:`rediagnose`), so it does not depend on the order of the checks.
-        """
-        try:
-            yield from iter_opened(self.open_chunks(ref, verify_checksums, bounds), max_chunk_bytes, views, threads)
-        except SegmentFormatError as err:
-            self.rediagnose(ref, verify_checksums, err)
-
     def rediagnose(self, ref: SegmentRef, verify_checksums: bool, err: SegmentFormatError) -> NoReturn:
         """Raise the error of reading ``ref`` whole, CRC-64 first (which names the most
         specific defect); ``err`` if that finds none (e.g. a stored CRC-32 is wrong)."""
@@ -674,12 +428,6 @@ class KbsBackup:
         for _ in iter_opened(OpenedSegment(ref, reader), 32 * 1024 * 1024, threads=1):
             pass
         raise err from None
-
-    def _segment_size(self, ref: SegmentRef) -> int:
-        try:
-            return int(self.fs.size(ref.path))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
-            raise segment_missing(ref, e) from e
 
     def _check_crc64(self, ref: SegmentRef, header_crc: int) -> None:
         if ref.crc64 is not None and header_crc != ref.crc64:
@@ -696,3 +444,87 @@ class KbsBackup:
         return BackupDescription(self.url, self.backup_id, self.layout, True, segs, version=m.version,
                                  created_at=m.created_at, completed_at=m.completed_at, compression=m.compression,
                                  source_cluster=m.source_cluster, statistics=m.statistics, time_range=m.time_range)
+
+    # -- validating (``kbs validate``) ---------------------------------------------------------
+    def validate_segment(self, ref: SegmentRef, deep: bool, report: ValidationSink,
+                         check_columns: Callable[[RecordColumns], None] | None = None) -> None:
+        """Quick: size, header and footer against the manifest, and a batch index it names
+        (a damaged one goes to ``report``: reads fall back to the whole segment). Deep: also
+        every CRC-64 and CRC-32 and every record (each chunk passed to ``check_columns``),
+        and the batch index against the batches."""
+        self._quick_segment(ref)
+        if ref.index_crc32 is not None and self.batch_index(ref) is None:
+            report.add(ref.path, BatchIndexDamagedError(
+                f"batch index not usable ({self.index_problems.get(ref.path)}); reads fall back to the "
+                "whole segment (`kbs index` rewrites it)", index_path(ref.path), None, ref.path, index_path(ref.path)))
+        if not deep:
+            return
+        # A matching CRC-64 covers every batch byte, but a writer may still have stored a wrong
+        # CRC-32 under a right CRC-64: deep validation checks each batch's own checksum too.
+        # Streamed or whole, every batch CRC-32 is checked as its batch is decoded.
+        for cols in self.iter_columns(ref, max_chunk_bytes=DEEP_CHUNK_BYTES):
+            if check_columns is not None:
+                check_columns(cols)
+            report.records_checked += len(cols)
+        index = self.batch_index(ref)
+        if index is not None:
+            verify_index(index, self.open_segment(ref))
+
+    def _quick_segment(self, ref: SegmentRef) -> None:
+        size = self.fs.size(ref.path)
+        check_size(ref, size)
+        head = self.fs.cat_file(ref.path, start=0, end=HEADER_SIZE)
+        h = SegmentHeader.parse(head, ref.path)
+        foot = self.fs.cat_file(ref.path, start=max(0, size - FOOTER_SIZE), end=size)
+        f = SegmentFooter.parse(b"\0" * HEADER_SIZE + foot if size >= HEADER_SIZE + FOOTER_SIZE else head[:size],
+                                ref.path)
+        for what, mine, theirs, at in (("record count", h.record_count, ref.records, 16),
+                                       ("first offset", h.first_offset, ref.first_offset, 8),
+                                       ("CRC-64", h.checksum, ref.crc64, 24),
+                                       ("last offset", f.last_offset, ref.last_offset, size - FOOTER_SIZE)):
+            if theirs is not None and mine != theirs:
+                raise SegmentMismatchError(f"{what} {mine} in the file but {theirs} in the manifest", ref.path, at)
+        if ref.codec is not None and CODEC_NAMES[h.codec] != ref.codec:
+            raise SegmentMismatchError(f"segment codec {h.codec.name.lower()} but the manifest says {ref.codec}",
+                                       ref.path, 5)
+
+    def manifest_defects(self, refs: list[SegmentRef]) -> list[KbsError]:
+        """``statistics.records`` against the segments' records, each partition's records
+        against its ``segment_index``."""
+        m = self.manifest
+        if m is None:
+            return []
+        out: list[KbsError] = []
+        total = sum(r.records or 0 for r in refs)
+        if m.statistics.get("records") != total:
+            out.append(SegmentMismatchError(
+                f"manifest statistics say {m.statistics.get('records')} records but its segments hold {total}",
+                self.url))
+        for t in m.topics:
+            for p in t.partitions:
+                if p.segment_index is not None and p.records != sum(s.records for s in p.segment_index):
+                    out.append(SegmentMismatchError(
+                        f"{t.name}/{p.partition}: partition records {p.records} differ from its segment_index",
+                        self.url))
+        return out
+
+    # -- provenance ------------------------------------------------------------------------------
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        return self.manifest.extra if self.manifest is not None else {}
+
+    def origin(self) -> Origin:
+        m = self.manifest
+        if m is None:
+            return Origin()
+        sc = m.source_cluster if isinstance(m.source_cluster, dict) else {}
+        brokers = sc.get("bootstrap_servers") or []
+        if isinstance(brokers, str):
+            brokers = [b for b in brokers.split(",") if b]
+        return Origin(created_at=m.created_at, created_at_ms=ms_from_iso(m.created_at),
+                      source_cluster=m.source_cluster, cluster_id=sc.get("cluster_id"), brokers=brokers)
+
+    def copy_fields(self) -> dict[str, Any]:
+        """The manifest's own extra fields (kbs-format.md §3: tools that rewrite a manifest
+        keep fields they do not know, e.g. streaming sinks' batch records), but its commit's."""
+        return {k: v for k, v in self.manifest_extra.items() if k != COMMIT_FIELD}

@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import InvalidNameError, KbsError, ManifestError
 from fsspec_kbs.store import manifest_json
-from fsspec_kbs.store.backup import KbsBackup, read_manifest_bytes, resolve
+from fsspec_kbs.store.backup import KbsBackup
+from fsspec_kbs.store.layout import Backup, read_manifest_bytes, resolve
 from fsspec_kbs.store.names import check_backup_id
 from fsspec_kbs.store.oso_backup import OsoBackup, looks_like_oso_without_manifest
 from fsspec_kbs.store.oso_manifest import is_oso_manifest
 
+#: The class of each layout, by :attr:`Backup.layout` (``SegmentRef.layout``).
+LAYOUTS: dict[str, type[Backup[Any]]] = {cls.layout: cls for cls in (KbsBackup, OsoBackup)}
+
+
+def backup_class(layout: str) -> type[Backup[Any]]:
+    """The :class:`Backup` class of ``layout`` (``"kbs"`` or ``"oso"``), e.g. to rebuild a
+    backup from a planned read's refs without reading its manifest again."""
+    try:
+        return LAYOUTS[layout]
+    except KeyError:
+        raise ValueError(f"unknown backup layout {layout!r}; known: {sorted(LAYOUTS)}") from None
+
 
 def open_backup(url: str, storage_options: dict | None = None, allow_incomplete: bool = False,
-                fs: fsspec.AbstractFileSystem | None = None) -> KbsBackup:
+                fs: fsspec.AbstractFileSystem | None = None) -> Backup[Any]:
     """Open the backup at ``url``; the layout is detected from what is stored there.
 
     A manifest without ``version`` whose partitions have ``partition_id``/``segments`` is the
@@ -25,8 +39,7 @@ def open_backup(url: str, storage_options: dict | None = None, allow_incomplete:
     """
     fs, path = resolve(url, storage_options, fs)
     raw = read_manifest_bytes(fs, path)
-    cls = OsoBackup if _layout(fs, path, raw) == "oso" else KbsBackup
-    return cls.from_storage(fs, path, raw, url, storage_options, allow_incomplete)
+    return backup_class(_layout(fs, path, raw)).from_storage(fs, path, raw, url, storage_options, allow_incomplete)
 
 
 def detect_layout(url: str, storage_options: dict | None = None,
@@ -79,9 +92,10 @@ def _complete(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     raw = read_manifest_bytes(fs, path)
     if raw is None:
         return False
-    if _layout(fs, path, raw) != "oso":
+    cls = backup_class(_layout(fs, path, raw))
+    if cls.manifest_written_last:
         return True
     try:
-        return OsoBackup.from_storage(fs, path, raw, path).complete
+        return cls.from_storage(fs, path, raw, path).complete
     except KbsError:
         return False  # a manifest that does not parse: `kbs validate` says why

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from fsspec_kbs.errors import SegmentMismatchError
 from fsspec_kbs.format import RecordColumns, ViewColumns
@@ -15,9 +15,7 @@ from fsspec_kbs.format.segment import (
     DecodeTask,
     iter_checked,
 )
-
-if TYPE_CHECKING:
-    from fsspec_kbs.store.backup import SegmentRef
+from fsspec_kbs.store.segment_ref import SegmentRef
 
 
 class OpenedSegment(ChunkChecks):

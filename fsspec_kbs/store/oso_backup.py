@@ -1,15 +1,15 @@
 """Backups in the layout the OSO kafka-backup tool writes ("oso-native"), on any fsspec filesystem.
 
-:class:`OsoBackup` has the interface of :class:`~fsspec_kbs.store.backup.KbsBackup`, so every
-reader (dataset, CLI, Spark, the ``kbs`` protocol) reads such backups unchanged;
-:func:`~fsspec_kbs.store.open.open_backup` picks the class from the manifest's shape.
+:class:`OsoBackup` is a :class:`~fsspec_kbs.store.layout.Backup`, a sibling of
+:class:`~fsspec_kbs.store.backup.KbsBackup`, so every reader (dataset, CLI, Spark, the ``kbs``
+protocol) reads such backups unchanged; :func:`~fsspec_kbs.store.open.open_backup` picks the
+class from the manifest's shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import fsspec
@@ -35,35 +35,23 @@ from fsspec_kbs.format.oso import (
     codec_from_extension,
     decode_segment,
 )
-from fsspec_kbs.store.backup import (
-    BackupDescription,
-    Bounds,
-    KbsBackup,
-    SegmentRef,
-    check_order,
-    check_size,
-    segment_missing,
-)
+from fsspec_kbs.store.layout import Backup, BackupDescription, Origin, ValidationSink, iso_from_ms
 from fsspec_kbs.store.listing import topic_tree_entries
 from fsspec_kbs.store.names import TOPICS_DIR
-from fsspec_kbs.store.opened import OpenedSegment, iter_opened
+from fsspec_kbs.store.opened import OpenedSegment
 from fsspec_kbs.store.oso_manifest import OsoManifest
+from fsspec_kbs.store.segment_ref import Bounds, SegmentRef, check_size, segment_missing
 
 LAYOUT = "oso"
 _PARTITION_PREFIX = "partition="
 
 
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-class OsoBackup(KbsBackup):
+class OsoBackup(Backup[OsoManifest]):
     """A backup written by the OSO kafka-backup tool: ``manifest.json`` + KBAK segments.
 
-    Same interface as :class:`KbsBackup`. ``manifest`` is the raw manifest
-    (an :class:`~fsspec_kbs.store.oso_manifest.OsoManifest`) or None for a backup without one.
+    ``manifest`` is the tool's manifest (an :class:`~fsspec_kbs.store.oso_manifest.OsoManifest`)
+    or None for a backup without one. The format has no batch index: every segment is one
+    compressed unit, read and checked whole.
 
     Per-segment ``start_timestamp``/``end_timestamp`` are the first and last record's
     timestamps, not bounds (Kafka timestamps need not increase), so refs carry no
@@ -72,12 +60,12 @@ class OsoBackup(KbsBackup):
 
     layout = LAYOUT
     check_id = False  # the OSO tool names backups freely; paths come from manifest keys
+    manifest_written_last = False
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: OsoManifest | None,  # type: ignore[override]
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, manifest: OsoManifest | None,
                  url: str | None = None, storage_options: dict | None = None,
                  allow_incomplete: bool = False) -> None:
-        super().__init__(fs, path, None, url, storage_options, allow_incomplete)
-        self.manifest = manifest  # type: ignore[assignment]
+        super().__init__(fs, path, manifest, url, storage_options, allow_incomplete)
         self._limits: dict[str, int] = {}
         self._timestamps: dict[str, tuple[int | None, int | None]] = {}
         self._stored: list[str] | None = None
@@ -85,10 +73,6 @@ class OsoBackup(KbsBackup):
     @classmethod
     def parse_manifest(cls, raw: bytes, path: str) -> OsoManifest:
         return OsoManifest.parse(raw, path)
-
-    @property
-    def backup_id(self) -> str:
-        return self.manifest.backup_id if self.manifest else self.path.rsplit("/", 1)[-1]
 
     # -- planning --------------------------------------------------------------------------------
     def _key_path(self, key: str) -> str:
@@ -98,29 +82,27 @@ class OsoBackup(KbsBackup):
         rel = key[len(prefix):] if key.startswith(prefix) else key
         return f"{self.path}/{rel}"
 
-    def segments(self) -> list[SegmentRef]:
-        """Every segment in (topic, partition, start offset) order, from the manifest alone."""
-        if self._segments is None:
-            if self.manifest is None:
-                refs = self._discover()
-            else:
-                codec = self.manifest.compression
-                refs = []
-                for t in self.manifest.topics:
-                    for p in t.partitions:
-                        for seq, s in enumerate(p.segments):
-                            path = self._key_path(s.key)
-                            if s.uncompressed_size is not None:
-                                self._limits[path] = s.uncompressed_size
-                            self._timestamps[path] = (s.start_timestamp, s.end_timestamp)
-                            refs.append(SegmentRef(
-                                topic=t.name, partition=p.partition_id, seq=seq, path=path,
-                                first_offset=s.start_offset, last_offset=s.end_offset,
-                                records=s.record_count, size_bytes=s.compressed_size,
-                                codec=codec, layout=LAYOUT))
-                self._check_all_listed(refs)
-            self._segments = check_order(sorted(refs, key=lambda r: (r.topic, r.partition, r.seq)))
-        return list(self._segments)
+    def _list_segments(self) -> list[SegmentRef]:
+        """From the manifest alone (in start offset order), checked against one listing;
+        without a manifest, from the listing (:meth:`_discover`)."""
+        if self.manifest is None:
+            return self._discover()
+        codec = self.manifest.compression
+        refs = []
+        for t in self.manifest.topics:
+            for p in t.partitions:
+                for seq, s in enumerate(p.segments):
+                    path = self._key_path(s.key)
+                    if s.uncompressed_size is not None:
+                        self._limits[path] = s.uncompressed_size
+                    self._timestamps[path] = (s.start_timestamp, s.end_timestamp)
+                    refs.append(SegmentRef(
+                        topic=t.name, partition=p.partition_id, seq=seq, path=path,
+                        first_offset=s.start_offset, last_offset=s.end_offset,
+                        records=s.record_count, size_bytes=s.compressed_size,
+                        codec=codec, layout=LAYOUT))
+        self._check_all_listed(refs)
+        return refs
 
     @property
     def complete(self) -> bool:
@@ -201,7 +183,10 @@ class OsoBackup(KbsBackup):
             self.segments()
         return self._limits.get(ref.path, DEFAULT_MAX_UNCOMPRESSED)
 
-    def open_segment(self, ref: SegmentRef, verify_checksums: bool = True) -> OsoSegment:  # type: ignore[override]
+    def set_max_uncompressed(self, limits: Mapping[str, int]) -> None:
+        self._limits.update(limits)
+
+    def open_segment(self, ref: SegmentRef, verify_checksums: bool = True) -> OsoSegment:
         """Read, check and decode a whole segment, cross-checked against the manifest."""
         seg = decode_segment(self.read_segment(ref), ref.path, verify_checksum=verify_checksums,
                              max_uncompressed=self.max_uncompressed(ref))
@@ -246,19 +231,9 @@ class OsoBackup(KbsBackup):
     def rediagnose(self, ref: SegmentRef, verify_checksums: bool, err: SegmentFormatError) -> NoReturn:
         raise err  # open_chunks decoded and checked the whole segment: its error is the one
 
-    def iter_columns(self, ref: SegmentRef, verify_checksums: bool = True,  # type: ignore[override]
-                     max_chunk_bytes: int = 32 * 1024 * 1024, views: bool = False,
-                     threads: int | None = None, bounds: Bounds | None = None) -> Iterator[RecordColumns]:
-        """Decode one segment in chunks of about ``max_chunk_bytes`` of record data.
-
-        ``views`` is accepted for the common interface; OSO records are always copied (the
-        Arrow layer turns them into views when asked).
-        """
-        yield from iter_opened(self.open_chunks(ref, verify_checksums), max_chunk_bytes, threads=threads)
-
     # -- checking --------------------------------------------------------------------------------
     def check_unread(self, refs: Iterable[SegmentRef]) -> None:
-        """As :meth:`KbsBackup.check_unread`, from the OSO header (count, start and end offset).
+        """From the OSO header (count, start and end offset): one small ranged read each.
 
         A legacy segment (no ``KBAK`` header) has nothing to probe: only decoding it whole
         would tell, which is what pruning avoids, so its manifest entry is taken as it is."""
@@ -282,11 +257,9 @@ class OsoBackup(KbsBackup):
                                                    ref.path, at)
             self._checked.add(ref.path)
 
-    def validate_segment(self, ref: SegmentRef, deep: bool, report: Any,
+    def validate_segment(self, ref: SegmentRef, deep: bool, report: ValidationSink,
                          check_columns: Callable[[RecordColumns], None] | None = None) -> None:
-        """Used by :func:`fsspec_kbs.maintenance.validate.validate_backup`.
-
-        Quick: size, header and footer magic, header fields against the manifest. Deep: also
+        """Quick: size, header and footer magic, header fields against the manifest. Deep: also
         the CRC-32, every record (each chunk also passed to ``check_columns``), and the
         first/last record timestamps.
         """
@@ -329,7 +302,7 @@ class OsoBackup(KbsBackup):
 
     # -- describing ------------------------------------------------------------------------------
     def gaps(self) -> list[dict[str, Any]]:
-        """Offset ranges the source no longer had when the tool backed the partition up."""
+        """Offset ranges the source no longer had when the tool backed the partition up (as it noted)."""
         if self.manifest is None:
             return []
         return [{"topic": t.name, "partition": p.partition_id, **msgspec.structs.asdict(g)}
@@ -343,10 +316,28 @@ class OsoBackup(KbsBackup):
         if m is None:
             return BackupDescription(self.url, self.backup_id, self.layout, False, segs, gaps=self.gaps())
         return BackupDescription(
-            self.url, self.backup_id, self.layout, self.complete, segs, created_at=_iso(m.created_at),
+            self.url, self.backup_id, self.layout, self.complete, segs, created_at=iso_from_ms(m.created_at),
             compression={"algorithm": m.compression},
             source_cluster={"cluster_id": m.source_cluster_id, "brokers": m.source_brokers or []},
             statistics=m.statistics, gaps=self.gaps())
+
+    def origin(self) -> Origin:
+        m = self.manifest
+        if m is None:
+            return Origin()
+        brokers = m.source_brokers or []
+        cluster = ({"cluster_id": m.source_cluster_id, "bootstrap_servers": ",".join(brokers)}
+                   if m.source_cluster_id is not None or brokers else None)
+        return Origin(created_at=iso_from_ms(m.created_at), created_at_ms=m.created_at, source_cluster=cluster,
+                      cluster_id=m.source_cluster_id, brokers=brokers)
+
+    def copy_fields(self) -> dict[str, Any]:
+        """Where the copy came from, and the gaps the tool noted."""
+        extra: dict[str, Any] = {"converted_from": {"layout": LAYOUT, "backup_id": self.backup_id}}
+        gaps = self.gaps()
+        if gaps:
+            extra["oso_gaps"] = gaps
+        return extra
 
 
 def looks_like_oso_without_manifest(fs: fsspec.AbstractFileSystem, path: str) -> bool:
