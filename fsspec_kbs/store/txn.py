@@ -248,10 +248,14 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
     Returns the moves this call performed (empty when another applier had done them).
     """
     fault = fault or _noop
+    removed = False
     if record.kind == "overwrite":
+        if _superseded(fs, path, record):
+            return []  # whoever claimed the next commit applied this one first
         # First: from here to the publish, readers get CommitInProgressError, never a mix.
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(f"{path}/{MANIFEST}")
+            removed = True
         fault("manifest-removed")
     invalidate_tree(fs, path)
     sizes = _sizes(fs, f"{path}/{TOPICS_DIR}")
@@ -274,15 +278,24 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
     # A later commit exists: this record was finished by someone else, who may since have
     # replaced these files; deleting or publishing now would undo that commit.
     if _superseded(fs, path, record):
+        if removed:  # perhaps the later commit's manifest, published since the check above
+            _apply_latest(fs, path, record.version + 1)
         return todo
     _remove_all(fs, [f"{path}/{d}" for d in record.delete])
     if record.delete:
         _prune_empty_dirs(fs, f"{path}/{TOPICS_DIR}")
     fault("deleted")
     if not _superseded(fs, path, record):
+        fault("publishing")
         put_atomic(fs, f"{path}/{MANIFEST}", (json.dumps(record.manifest, indent=2) + "\n").encode("utf-8"))
         if COMMIT_FIELD not in record.manifest:
             put_atomic(fs, done_path(path, record.version), b"")
+        if _superseded(fs, path, record):
+            # A later commit was claimed, and may have been published, between the check above
+            # and this write, which then put this older manifest back over it: whoever
+            # publishes last applies the latest record again, so no writer returns leaving
+            # readers a stale manifest (they would see "commit in progress").
+            _apply_latest(fs, path, record.version + 1)
     fault("published")
     if record.staging:
         with contextlib.suppress(FileNotFoundError):
@@ -290,6 +303,13 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
         _prune_empty_dirs(fs, f"{path}/{STAGING_DIR}")
     invalidate_tree(fs, path)
     return todo
+
+
+def _apply_latest(fs: fsspec.AbstractFileSystem, path: str, version: int) -> None:
+    """Roll forward the newest commit record from ``version`` on (it exists)."""
+    while fs.exists(record_path(path, version + 1)):
+        version += 1
+    roll_forward(fs, path, read_record(fs, path, version))
 
 
 # -- a writer's transaction -----------------------------------------------------------------------

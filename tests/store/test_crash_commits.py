@@ -22,7 +22,7 @@ from fsspec_kbs.store import BackupWriter
 from fsspec_kbs.store.txn import repair
 from tests.store.helpers import cols, rows, store
 
-STEPS = ["before-claim", "claimed", "manifest-removed", "moved", "deleted", "published", "none"]
+STEPS = ["before-claim", "claimed", "manifest-removed", "moved", "deleted", "publishing", "published", "none"]
 ROOT = Path(__file__).resolve().parents[2]
 
 OLD = sorted([("t", 0, o, f"old-{o}".encode()) for o in range(10)] + [("t", 2, 0, b"old-0")])
