@@ -225,7 +225,7 @@ def input_partitions(backup: Backup, pieces: list[SegmentPiece], o: KbsOptions, 
     """``pieces`` grouped as the options say into input partitions (of a read or a micro-batch);
     each piece carries the bound on its segment's decompressed size that the manifest gives
     (:meth:`Backup.max_uncompressed`: an OSO segment's; None for KBS, whose batches bound themselves)."""
-    pieces = [replace(p, limit=backup.max_uncompressed(p.ref)) for p in pieces]
+    pieces = [p if (limit := backup.max_uncompressed(p.ref)) is None else replace(p, limit=limit) for p in pieces]
     return [KbsSegmentPartition(i, tuple(group), start_time, end_time, backup.layout, manifest_crc32)
             for i, group in enumerate(group_pieces(pieces, o))]
 
