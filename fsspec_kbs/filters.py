@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fsspec_kbs.store.backup import Bounds, SegmentRef
+from fsspec_kbs.store.segment_ref import Bounds, SegmentRef
 from fsspec_kbs.times import parse_time
 
 #: A time bound: Unix ms, a string (ISO 8601, Unix ms, relative), a datetime or date (pandas

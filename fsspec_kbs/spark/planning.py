@@ -23,31 +23,32 @@ from fsspec_kbs.filters import ScanFilter
 from fsspec_kbs.format.batch_index import BatchIndex
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.spark.partition import BatchRun, KbsSegmentPartition, SegmentPiece, group_pieces
-from fsspec_kbs.spark.runs import read_runs
-from fsspec_kbs.store import KbsBackup, SegmentRef
-from fsspec_kbs.store.backup import read_manifest_bytes, resolve
-from fsspec_kbs.store.open import _layout
-from fsspec_kbs.store.oso_backup import OsoBackup
+from fsspec_kbs.store import Backup, KbsBackup, SegmentRef
+from fsspec_kbs.store.batch_index import read_runs
+from fsspec_kbs.store.layout import read_manifest_bytes, resolve
+from fsspec_kbs.store.open import _layout, backup_class
 
 
-def open_for_planning(o: KbsOptions) -> tuple[KbsBackup, int | None]:
+def open_for_planning(o: KbsOptions) -> tuple[Backup, int | None]:
     """The backup and the CRC-32 of the ``manifest.json`` bytes it was parsed from (None: none)."""
     fs, path = resolve(o.path, o.storage_options)
     raw = read_manifest_bytes(fs, path)
     crc = None if raw is None else zlib.crc32(raw)
-    if raw is not None:
+    if raw is None:
+        layout = _layout(fs, path, raw)
+    else:
         # Parsed once as KBS (the layout check would parse a big manifest a second time);
-        # only a manifest KBS refuses is looked at for the OSO layout.
+        # only a manifest KBS refuses is looked at for another layout.
         try:
             return KbsBackup.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
         except KbsError:
-            if _layout(fs, path, raw) != "oso":
+            layout = _layout(fs, path, raw)
+            if layout == KbsBackup.layout:
                 raise
-    cls = OsoBackup if _layout(fs, path, raw) == "oso" else KbsBackup
-    return cls.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
+    return backup_class(layout).from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
 
 
-def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: bool = True) -> int | None:
+def first_offset_at(backup: Backup, refs: list[SegmentRef], ts: int, verify: bool = True) -> int | None:
     """The first offset (in offset order) of a record with ``timestamp >= ts`` among one
     partition's ``refs``, or None: what Kafka's ``offsetsForTimes`` answers.
 
@@ -72,7 +73,7 @@ def first_offset_at(backup: KbsBackup, refs: list[SegmentRef], ts: int, verify: 
     return None
 
 
-def starting_offset_at(backup: KbsBackup, refs: list[SegmentRef], key: tuple[str, int], ts: int,
+def starting_offset_at(backup: Backup, refs: list[SegmentRef], key: tuple[str, int], ts: int,
                        o: KbsOptions, latest: int | None) -> int | None:
     """Where a read of partition ``key`` (its ``refs``) starts for the starting timestamp
     ``ts``: the first offset at or after it; when there is none, ``latest`` with
@@ -113,7 +114,7 @@ def _batch_runs(p: SegmentPiece, index: BatchIndex, max_bytes: int, start_time: 
             a = b
 
 
-def split_by_batches(backup: KbsBackup, pieces: list[SegmentPiece], max_bytes: int,
+def split_by_batches(backup: Backup, pieces: list[SegmentPiece], max_bytes: int,
                      start_time: int | None, end_time: int | None) -> list[SegmentPiece]:
     """Pieces of segments larger than ``max_bytes``, or bounded by offsets or times, cut into
     runs of whole batches of at most ``max_bytes`` stored bytes (one batch at least) by the
@@ -185,7 +186,7 @@ def _check_offsets(o: KbsOptions, extents: Extents) -> None:
                         "backup; set failOnDataLoss=false to read what it has")
 
 
-def refs_by_partition(backup: KbsBackup) -> tuple[dict[tuple[str, int], list[SegmentRef]], Extents]:
+def refs_by_partition(backup: Backup) -> tuple[dict[tuple[str, int], list[SegmentRef]], Extents]:
     """The backup's refs per topic-partition (in the manifest's order), and each partition's
     extent (None where a ref has no offsets: a 1.0 manifest)."""
     by_part: dict[tuple[str, int], list[SegmentRef]] = {}
@@ -200,7 +201,7 @@ def refs_by_partition(backup: KbsBackup) -> tuple[dict[tuple[str, int], list[Seg
     return by_part, extents
 
 
-def _time_ranges(backup: KbsBackup, o: KbsOptions, sf: ScanFilter,
+def _time_ranges(backup: Backup, o: KbsOptions, sf: ScanFilter,
                  by_part: dict[tuple[str, int], list[SegmentRef]],
                  extents: Extents) -> dict[tuple[str, int], tuple[int | None, int | None]]:
     """The offset range of each partition read that the timestamp options give (found in the data)."""
@@ -219,17 +220,17 @@ def _time_ranges(backup: KbsBackup, o: KbsOptions, sf: ScanFilter,
     return ranges
 
 
-def input_partitions(backup: KbsBackup, pieces: list[SegmentPiece], o: KbsOptions, start_time: int | None,
+def input_partitions(backup: Backup, pieces: list[SegmentPiece], o: KbsOptions, start_time: int | None,
                      end_time: int | None, manifest_crc32: int | None) -> list[KbsSegmentPartition]:
     """``pieces`` grouped as the options say into input partitions (of a read or a micro-batch);
-    an OSO segment's piece carries its decompressed-size bound from the manifest."""
-    if isinstance(backup, OsoBackup):
-        pieces = [replace(p, limit=backup.max_uncompressed(p.ref)) for p in pieces]
+    each piece carries the bound on its segment's decompressed size that the manifest gives
+    (:meth:`Backup.max_uncompressed`: an OSO segment's; None for KBS, whose batches bound themselves)."""
+    pieces = [p if (limit := backup.max_uncompressed(p.ref)) is None else replace(p, limit=limit) for p in pieces]
     return [KbsSegmentPartition(i, tuple(group), start_time, end_time, backup.layout, manifest_crc32)
             for i, group in enumerate(group_pieces(pieces, o))]
 
 
-def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
+def plan(backup: Backup, o: KbsOptions, pushed: ScanFilter,
          manifest_crc32: int | None = None) -> list[KbsSegmentPartition]:
     """The input partitions of a read: the segments that may match (manifest only), offsets
     found for the timestamp options, grouped as the options say."""
@@ -244,7 +245,8 @@ def plan(backup: KbsBackup, o: KbsOptions, pushed: ScanFilter,
         sf = sf.and_(ScanFilter(offset_ranges=_time_ranges(backup, o, sf, by_part, extents)))
     pieces = [SegmentPiece(ref, *sf.bounds(ref.topic, ref.partition))
               for ref in KbsDataset(backup, sf).fragments() if o.wants(ref.topic, ref.partition)]
-    if not isinstance(backup, OsoBackup) and o.verify_checksums:
-        # A batch-range read checks batch CRCs: never unchecked.
+    if o.verify_checksums:
+        # A batch-range read checks batch CRCs: never unchecked. (Only segments with a batch
+        # index are cut: none of an OSO backup's.)
         pieces = split_by_batches(backup, pieces, o.max_partition_bytes, sf.start_time, sf.end_time)
     return input_partitions(backup, pieces, o, sf.start_time, sf.end_time, manifest_crc32)

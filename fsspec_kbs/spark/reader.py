@@ -40,12 +40,16 @@ from fsspec_kbs.spark.filters import translate
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.spark.partition import BatchRun, KbsSegmentPartition, SegmentPiece
 from fsspec_kbs.spark.planning import open_for_planning, plan
-from fsspec_kbs.spark.runs import CHUNK_BYTES, read_runs
-from fsspec_kbs.store import KbsBackup, SegmentRef
-from fsspec_kbs.store.backup import read_manifest_bytes, resolve
-from fsspec_kbs.store.oso_backup import OsoBackup
+from fsspec_kbs.store import Backup, SegmentRef
+from fsspec_kbs.store.batch_index import read_runs
+from fsspec_kbs.store.layout import read_manifest_bytes, resolve
+from fsspec_kbs.store.open import backup_class
 
 log = logging.getLogger("fsspec_kbs.spark")
+
+#: Stored bytes decoded per chunk on executors: batches of some 10k rows for PySpark's Arrow
+#: path (a 32 MiB chunk made batches of ~100 MB that are slow to hand to the JVM).
+CHUNK_BYTES = 4 * 1024 * 1024
 
 #: Corrupt segments skipped by ``onCorrupt=skip`` in this process, as ``{path: error}``.
 #: Executors are separate processes: there the count goes to the executor log.
@@ -98,15 +102,13 @@ class KbsReader(DataSourceReader):
             return iter(())
         return self._read(partition)  # type: ignore[arg-type]
 
-    def executor_backup(self, partition: KbsSegmentPartition) -> KbsBackup:
+    def executor_backup(self, partition: KbsSegmentPartition) -> Backup:
         """The backup object a task reads through, built from the URL and the partition's
         layout: no manifest is read (the refs carry what the checks need)."""
         o = self.options
         fs, path = resolve(o.path, o.storage_options)
-        cls = OsoBackup if partition.layout == "oso" else KbsBackup
-        backup = cls(fs, path, None, o.path, o.storage_options, o.allow_incomplete)
-        if isinstance(backup, OsoBackup):
-            backup._limits.update({p.ref.path: p.limit for p in partition.segments if p.limit is not None})
+        backup = backup_class(partition.layout)(fs, path, None, o.path, o.storage_options, o.allow_incomplete)
+        backup.set_max_uncompressed({p.ref.path: p.limit for p in partition.segments if p.limit is not None})
         return backup
 
     def _read(self, partition: KbsSegmentPartition) -> Iterator[pa.RecordBatch]:
@@ -146,7 +148,7 @@ class KbsReader(DataSourceReader):
         warnings.warn(msg, KbsCorruptSegmentWarning, stacklevel=3)
 
     @staticmethod
-    def _changed(backup: KbsBackup, partition: KbsSegmentPartition, ref: SegmentRef,
+    def _changed(backup: Backup, partition: KbsSegmentPartition, ref: SegmentRef,
                  err: KbsError) -> BackupChangedError | None:
         """A :class:`BackupChangedError` when the manifest is no longer the one the read was
         planned from (read only now, to tell a rewritten backup from a damaged segment)."""
@@ -167,7 +169,7 @@ class KbsReader(DataSourceReader):
             f"{'deleted' if now is None else f'CRC-32 {now:08x}'} now); run the read again "
             f"({type(err).__name__}: {err})", ref.path)
 
-    def _piece(self, backup: KbsBackup, piece: SegmentPiece, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
+    def _piece(self, backup: Backup, piece: SegmentPiece, sf: ScanFilter) -> Iterator[pa.RecordBatch]:
         """The rows of ``piece`` within ``sf``, as Arrow batches of the output columns."""
         ref = piece.ref
         bounds = sf.segment_bounds(ref)
@@ -218,7 +220,7 @@ def _freeze_worker_heap() -> None:
     gc.freeze()
 
 
-def _batch_run(backup: KbsBackup, ref: SegmentRef, run: BatchRun, bounds: tuple,
+def _batch_run(backup: Backup, ref: SegmentRef, run: BatchRun, bounds: tuple,
                verify: bool) -> Iterator[RecordColumns | ViewColumns] | None:
     """The columns of the batch ``run`` of ``ref`` planned for the task, read through the segment's batch
     index (ranged reads; every batch CRC-32 checked, the index checked against
@@ -236,7 +238,7 @@ def _batch_run(backup: KbsBackup, ref: SegmentRef, run: BatchRun, bounds: tuple,
     runs = [(max(x, a), min(y, b)) for x, y in index.select(*bounds) if min(y, b) > max(x, a)]
     if not runs:
         return iter(())
-    return read_runs(backup, ref, index, runs, verify)
+    return read_runs(backup, ref, index, runs, verify, CHUNK_BYTES)
 
 
 def spark_batch(cols: RecordColumns | ViewColumns, ref: SegmentRef, columns: list[str]) -> pa.RecordBatch:

@@ -45,7 +45,7 @@ from fsspec_kbs.spark.planning import (
     starting_offset_at,
 )
 from fsspec_kbs.spark.reader import KbsReader
-from fsspec_kbs.store import KbsBackup, SegmentRef
+from fsspec_kbs.store import Backup, SegmentRef
 
 log = logging.getLogger("fsspec_kbs.spark")
 
@@ -110,7 +110,7 @@ def parse_stream_options(options: Mapping[str, str]) -> KbsStreamOptions:
 class _Snapshot:
     """One read of the manifest: the backup, its CRC, each wanted partition's refs and extent."""
 
-    backup: KbsBackup | None
+    backup: Backup | None
     crc: int | None
     refs: dict[tuple[str, int], list[SegmentRef]]
     #: (first offset, next offset) per partition.

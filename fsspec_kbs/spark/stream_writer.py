@@ -37,8 +37,8 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.spark.options import KbsOptions, parse_options
 from fsspec_kbs.spark.writer import KbsCommitMessage, KbsWriter, _plan
-from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import stream_batch, with_stream_batch
+from fsspec_kbs.store.layout import resolve
 from fsspec_kbs.store.manifest import Manifest, utc_now_iso
 from fsspec_kbs.store.staging import SegmentAdopter
 from fsspec_kbs.store.txn import BackupState, FaultHook, Move, load_state

@@ -40,7 +40,7 @@ from fsspec_kbs.errors import (
     UnsupportedLayoutError,
 )
 from fsspec_kbs.spark.options import KbsOptions
-from fsspec_kbs.store import BackupWriter, open_backup
+from fsspec_kbs.store import BackupWriter, KbsBackup, open_backup
 from fsspec_kbs.store.commit import put_atomic
 from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, check_backup_id
 from fsspec_kbs.store.staging import SegmentAdopter
@@ -116,7 +116,7 @@ class KbsWriter(DataSourceArrowWriter):
                                "append needs a complete backup; use mode('overwrite') to replace it")
             return
         backup = open_backup(o.path, o.storage_options)
-        if backup.layout != "kbs":
+        if not isinstance(backup, KbsBackup):
             raise UnsupportedLayoutError(f"cannot append to {o.path}: it is a {backup.layout!r} backup, not a KBS one")
         codec = backup.manifest.compression.get("algorithm") if backup.manifest else None
         if self.compression is None:

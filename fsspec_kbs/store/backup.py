@@ -38,8 +38,6 @@ from fsspec_kbs.store.layout import (
     Origin,
     ValidationSink,
     ms_from_iso,
-    read_manifest_bytes,
-    resolve,
 )
 from fsspec_kbs.store.listing import topic_tree_entries
 from fsspec_kbs.store.manifest import Manifest, SegmentEntry
@@ -56,15 +54,10 @@ from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.segment_ref import (
     Bounds,
     SegmentRef,
-    check_order,
     check_size,
     segment_missing,
 )
 from fsspec_kbs.store.stream import STREAM_BLOCK_SIZE, STREAM_MIN_BYTES, SegmentStream
-
-# Where these lived before the layouts became siblings; imported from here by other modules.
-__all__ = ["BackupDescription", "Bounds", "KbsBackup", "SegmentRef", "check_order", "check_size",
-           "read_manifest_bytes", "resolve", "segment_missing"]
 
 #: Record data per decoded chunk in deep validation: with one batch at most 16 MiB, memory
 #: stays at about one batch per decoding thread, whatever the batches claim.

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import fsspec
 
 from fsspec_kbs.errors import (
     BatchIndexDamagedError,
     BatchIndexError,
+    SegmentFormatError,
     SegmentMismatchError,
     TruncatedSegmentError,
 )
@@ -26,7 +27,7 @@ from fsspec_kbs.format.batch_index import (
     decode_batches,
     parse_index,
 )
-from fsspec_kbs.format.codecs import Codec
+from fsspec_kbs.format.codecs import CODEC_BY_NAME, Codec
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
 from fsspec_kbs.format.segment import (
     BATCH_HEADER_SIZE,
@@ -38,6 +39,11 @@ from fsspec_kbs.format.segment import (
     SegmentHeader,
     iter_checked,
 )
+from fsspec_kbs.store.opened import OpenedSegment, iter_opened
+from fsspec_kbs.store.segment_ref import SegmentRef
+
+if TYPE_CHECKING:
+    from fsspec_kbs.store.layout import Backup
 
 SEGMENT_SUFFIX = ".kbs"
 
@@ -188,6 +194,22 @@ def read_batches(fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchI
     source = IndexedSource(fs, segment_path, index, ranges, codec=codec, crc64=crc64, gap=gap,
                            read_header=read_header)
     yield from iter_checked(source, max_chunk_bytes, threads, views)  # type: ignore[arg-type]
+
+
+def read_runs(backup: Backup[Any], ref: SegmentRef, index: BatchIndex, runs: Sequence[tuple[int, int]],
+              verify: bool = True, max_chunk_bytes: int = 32 * 1024 * 1024) -> Iterator[RecordColumns | ViewColumns]:
+    """The records of the batch ``runs`` of ``ref`` (its ``index`` from
+    :meth:`Backup.batch_index <fsspec_kbs.store.layout.Backup.batch_index>`), read by ranged
+    reads: the header checked against the ref's codec and CRC-64, every batch's CRC-32 and
+    bounds (:class:`IndexedSource`). A format error is re-diagnosed on the whole segment
+    (:meth:`~fsspec_kbs.store.layout.Backup.rediagnose`), as
+    :meth:`~fsspec_kbs.store.layout.Backup.iter_columns` does."""
+    codec = CODEC_BY_NAME[ref.codec] if ref.codec is not None else None
+    source = IndexedSource(backup.fs, ref.path, index, runs, codec=codec, crc64=ref.crc64)
+    try:
+        yield from iter_opened(OpenedSegment(ref, source, partial=True), max_chunk_bytes)
+    except SegmentFormatError as err:
+        backup.rediagnose(ref, verify, err)
 
 
 def _check_header(data: bytes, segment_path: str, index: BatchIndex, codec: Codec | None,

@@ -28,8 +28,8 @@ from fsspec_kbs.format.oso import (
     oso_codec_from_name,
     segment_file_name,
 )
-from fsspec_kbs.store.backup import resolve
 from fsspec_kbs.store.commit import put_file
+from fsspec_kbs.store.layout import resolve
 from fsspec_kbs.store.names import (
     TOPICS_DIR,
     check_backup_id,

@@ -476,7 +476,7 @@ def repair(url: str, storage_options: dict | None = None, *, clean_staging: bool
         Also delete ``_staging/``: files of writers that died before claiming a commit.
         Only when no writer is running on this backup (a running one would lose its work).
     """
-    from fsspec_kbs.store.backup import resolve
+    from fsspec_kbs.store.layout import resolve
 
     fs, path = resolve(url, storage_options, fs)
     require_create_only(fs, url)

@@ -34,7 +34,7 @@ from fsspec_kbs.format.batch_index import (
 from fsspec_kbs.format.checksums import crc32
 from fsspec_kbs.format.codecs import CODEC_NAMES, DEFAULT_LEVELS, codec_from_name
 from fsspec_kbs.format.segment import segment_parts
-from fsspec_kbs.store.backup import KbsBackup, resolve
+from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.batch_index import index_path
 from fsspec_kbs.store.commit import (
     COMMIT_FIELD,
@@ -43,6 +43,7 @@ from fsspec_kbs.store.commit import (
     put_file,
     remove_files,
 )
+from fsspec_kbs.store.layout import resolve
 from fsspec_kbs.store.manifest import (
     WRITE_VERSION,
     Manifest,
