@@ -261,33 +261,8 @@ class KbsScanner:
         those of :meth:`Backup.iter_columns`, raised or (``on_error="skip"``) collected
         in segment order.
         """
-        backup = self.dataset.backup
         skip = self.on_error == "skip"
-
-        def task(ref: SegmentRef, decode: Callable[[], Decoded]) -> Callable[[], Any]:
-            def run() -> Any:
-                try:
-                    decoded = decode()
-                    return decoded, self._batch_of(ref, decoded[0])
-                except Exception as e:  # raised by the consumer, in order, as its segment's error
-                    return _Failure(e)
-            return run
-
-        def tasks() -> Iterator[tuple[tuple[_Segment, Any], Callable[[], Any] | None]]:
-            for ref, opening in opened_ahead(backup, refs, self.verify, default_workers(), self._bounds):
-                state = _Segment(ref)
-                try:
-                    state.opened = opening.result()
-                    with state.opened:  # a stream's file is done with once its tasks are out
-                        for group, decode in state.opened.decode_tasks(CHUNK_BYTES, self._views):
-                            if state.failed:
-                                break
-                            yield (state, group), task(ref, decode)
-                except Exception as e:
-                    yield (state, _Failure(e)), None
-                yield (state, _END), None
-
-        for (state, what), result in run_in_order(tasks()):
+        for (state, what), result in run_in_order(self._pipeline_tasks(refs)):
             if state.failed:
                 continue
             try:
@@ -308,17 +283,48 @@ class KbsScanner:
                     else:
                         yield batch
             except KbsError as e:
-                error: KbsError = e
-                if isinstance(e, SegmentFormatError):
-                    try:
-                        backup.rediagnose(state.ref, self.verify, e)
-                    except KbsError as diagnosed:
-                        error = diagnosed
+                error = self._diagnosed(state.ref, e)
                 if not skip:
                     raise error from None
                 self.errors.append(error)
                 state.failed = True
                 state.kept.clear()
+
+    def _pipeline_tasks(self, refs: list[SegmentRef]) -> Iterator[tuple[tuple[_Segment, Any], Callable[[], Any] | None]]:
+        """((segment state, chunk group), decode task) for every chunk of every segment, then
+        (state, ``_END``); a segment that fails to open or plan gives (state, its failure)."""
+        for ref, opening in opened_ahead(self.dataset.backup, refs, self.verify, default_workers(), self._bounds):
+            state = _Segment(ref)
+            try:
+                state.opened = opening.result()
+                with state.opened:  # a stream's file is done with once its tasks are out
+                    for group, decode in state.opened.decode_tasks(CHUNK_BYTES, self._views):
+                        if state.failed:
+                            break
+                        yield (state, group), self._decode_task(ref, decode)
+            except Exception as e:
+                yield (state, _Failure(e)), None
+            yield (state, _END), None
+
+    def _decode_task(self, ref: SegmentRef, decode: Callable[[], Decoded]) -> Callable[[], Any]:
+        """A task decoding one chunk group and building its Arrow batch on a decoding thread."""
+        def run() -> Any:
+            try:
+                decoded = decode()
+                return decoded, self._batch_of(ref, decoded[0])
+            except Exception as e:  # raised by the consumer, in order, as its segment's error
+                return _Failure(e)
+        return run
+
+    def _diagnosed(self, ref: SegmentRef, error: KbsError) -> KbsError:
+        """The error to report for ``ref``: a format error re-diagnosed by the layout (e.g. a
+        segment replaced since the manifest), else ``error`` itself."""
+        if isinstance(error, SegmentFormatError):
+            try:
+                self.dataset.backup.rediagnose(ref, self.verify, error)
+            except KbsError as diagnosed:
+                return diagnosed
+        return error
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         for batch in self._segment_batches():

@@ -15,7 +15,7 @@ RANKS = {
     "arrow": 3,
     "filters": 4,
     "dataset": 5,
-    "api": 6, "fs_views": 6,
+    "api": 6,
     "fs": 7,
     "maintenance": 8, "kafka_log": 8,
     "kafka": 9, "spark": 9,

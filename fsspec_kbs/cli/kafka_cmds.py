@@ -6,6 +6,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
@@ -29,6 +30,9 @@ from fsspec_kbs.cli.common import (
 )
 from fsspec_kbs.errors import KbsError
 from fsspec_kbs.kafka.consume import BackupMemory
+
+if TYPE_CHECKING:
+    from fsspec_kbs.kafka.backup import BackupResult
 
 _MEMORY = BackupMemory()
 
@@ -190,6 +194,11 @@ def backup_cmd(bootstrap_servers: str | None, client_config: tuple[str, ...], co
     except Exception as e:  # librdkafka errors (KafkaException) and storage errors
         fail(e)
         return
+    _print_backup(res, quiet)
+
+
+def _print_backup(res: BackupResult, quiet: bool) -> None:
+    """The summary table of a finished ``kbs backup`` (quiet: only the backup's URL)."""
     m = res.manifest
     stats = m.statistics if m is not None else {}
     rate = res.bytes / res.seconds / 2**20 if res.seconds else 0.0

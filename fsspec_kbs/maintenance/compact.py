@@ -34,6 +34,7 @@ from fsspec_kbs.maintenance.units import parse_duration
 from fsspec_kbs.store.backup import KbsBackup
 from fsspec_kbs.store.commit import STREAMS_FIELD
 from fsspec_kbs.store.layout import Backup
+from fsspec_kbs.store.manifest import Manifest
 from fsspec_kbs.store.open import open_backup
 from fsspec_kbs.store.segment_ref import SegmentRef
 from fsspec_kbs.store.txn import WriteMode
@@ -158,30 +159,48 @@ def compact_backup(
     # What a KBS source's manifest says is kept (codec, cluster, streaming sinks' records).
     kbs_manifest = backup.manifest if isinstance(backup, KbsBackup) else None
     if compression is None:
-        codecs = {r.codec for r in backup.segments()}
-        compression = (kbs_manifest.compression.get("algorithm") if kbs_manifest is not None
-                       else codecs.pop() if len(codecs) == 1 and codecs <= set(CODEC_BY_NAME) else "zstd")
+        compression = _source_codec(backup)
     report = CompactionReport(url, to_url, retention)
     writer = BackupWriter(to_url, to_storage_options, compression=compression, mode=mode,
                           source_cluster=kbs_manifest.source_cluster if kbs_manifest is not None else None,
                           **writer_options)
     try:
-        groups: dict[tuple[str, int], list[SegmentRef]] = {}
-        for ref in backup.segments():
-            groups.setdefault((ref.topic, ref.partition), []).append(ref)
-        for (topic, partition), refs in sorted(groups.items()):
-            report.partitions.append(_compact_partition(backup, writer, topic, partition, refs, retention,
+        for (topic, partition), part_refs in _by_partition(backup.segments()):
+            report.partitions.append(_compact_partition(backup, writer, topic, partition, part_refs, retention,
                                                         verify_checksums))
-        # Streaming sinks' batch records stay valid (offsets are kept): a compacted backup put in
-        # place of the source still tells a replayed micro-batch from a new one.
-        streams = kbs_manifest.extra.get(STREAMS_FIELD) if kbs_manifest is not None else None
-        writer.commit(extra={"compaction": {"source": url, "delete_retention_ms": retention,
-                                            "partitions": [p.to_dict() for p in report.partitions]},
-                             **({STREAMS_FIELD: streams} if streams else {})})
+        writer.commit(extra=_manifest_extra(report, kbs_manifest))
     except BaseException:
         writer.abort()
         raise
     return report
+
+
+def _source_codec(backup: Backup) -> str:
+    """A KBS source's codec; else the one codec of all its segments, if the KBS layout has it."""
+    codecs = {r.codec for r in backup.segments()}  # listed and checked before anything is written
+    if isinstance(backup, KbsBackup) and backup.manifest is not None:
+        return backup.manifest.compression.get("algorithm")
+    return codecs.pop() if len(codecs) == 1 and codecs <= set(CODEC_BY_NAME) else "zstd"
+
+
+def _by_partition(refs: list[SegmentRef]) -> list[tuple[tuple[str, int], list[SegmentRef]]]:
+    """``refs`` grouped by (topic, partition), in that order."""
+    groups: dict[tuple[str, int], list[SegmentRef]] = {}
+    for ref in refs:
+        groups.setdefault((ref.topic, ref.partition), []).append(ref)
+    return sorted(groups.items())
+
+
+def _manifest_extra(report: CompactionReport, kbs_manifest: Manifest | None) -> dict[str, Any]:
+    """The new manifest's ``compaction`` report, and a KBS source's streaming sinks' records."""
+    extra: dict[str, Any] = {"compaction": {"source": report.source, "delete_retention_ms": report.delete_retention_ms,
+                                            "partitions": [p.to_dict() for p in report.partitions]}}
+    # Streaming sinks' batch records stay valid (offsets are kept): a compacted backup put in
+    # place of the source still tells a replayed micro-batch from a new one.
+    streams = kbs_manifest.extra.get(STREAMS_FIELD) if kbs_manifest is not None else None
+    if streams:
+        extra[STREAMS_FIELD] = streams
+    return extra
 
 
 def _compact_partition(backup: Backup, writer: BackupWriter, topic: str, partition: int,

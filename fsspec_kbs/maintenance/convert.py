@@ -99,19 +99,11 @@ def _copy(src: Backup, refs: list[SegmentRef], writer: BackupWriter | OsoBackupW
 
 
 def convert_backup(
-    src_url: str,
-    dst_url: str,
-    to: str = "kbs",
-    *,
-    storage_options: dict | None = None,
-    dst_storage_options: dict | None = None,
-    compression: str | None = None,
-    level: int | None = None,
-    segment_max_bytes: int | None = None,
-    segment_max_records: int | None = None,
-    overwrite: bool = False,
-    verify_checksums: bool = True,
-    allow_incomplete: bool = False,
+    src_url: str, dst_url: str, to: str = "kbs", *,
+    storage_options: dict | None = None, dst_storage_options: dict | None = None,
+    compression: str | None = None, level: int | None = None,
+    segment_max_bytes: int | None = None, segment_max_records: int | None = None,
+    overwrite: bool = False, verify_checksums: bool = True, allow_incomplete: bool = False,
     progress: Callable[[ConvertProgress], None] | None = None,
 ) -> ConvertResult:
     """Convert the backup at ``src_url`` (either layout, detected) into ``dst_url`` in layout ``to``.
@@ -126,9 +118,7 @@ def convert_backup(
         fsspec options for the source and the destination (the destination defaults to the
         source's when both URLs use the same protocol).
     compression : {"zstd", "lz4", "none"}, optional
-        Codec of the output; default: the source's.
-    level : int, optional
-        Codec level.
+        Codec of the output; default: the source's. ``level``: its level.
     segment_max_bytes, segment_max_records : int, optional
         Segment rolling of the output (defaults: KBS 64 MiB compressed; oso 128 MiB of records).
     overwrite : bool, default False
@@ -153,30 +143,47 @@ def convert_backup(
     """
     if to not in LAYOUTS:
         raise ValueError(f"to must be one of {LAYOUTS}, got {to!r}")
-    if dst_storage_options is None and get_protocol(src_url) == get_protocol(dst_url):
-        dst_storage_options = storage_options
     started = time.monotonic()
     src = open_backup(src_url, storage_options, allow_incomplete=allow_incomplete)
-    refs = src.segments()
-    result = ConvertResult(src_url, dst_url, to)
-    options = dict(compression=compression or _source_codec(src), level=level, segment_max_bytes=segment_max_bytes,
-                   segment_max_records=segment_max_records, overwrite=overwrite)
-    writer = (_oso_writer(src, dst_url, dst_storage_options, **options) if to == "oso"
-              else _kbs_writer(src, dst_url, dst_storage_options, **options))
+    refs = src.segments()  # listed and checked before anything is written
+    dst_options = dst_storage_options
+    if dst_options is None and get_protocol(src_url) == get_protocol(dst_url):
+        dst_options = storage_options
+    writer = _writer(src, to, dst_url, dst_options, compression=compression or _source_codec(src),
+                     level=level, segment_max_bytes=segment_max_bytes, segment_max_records=segment_max_records,
+                     overwrite=overwrite)
+    result = _run(src, refs, writer, ConvertResult(src_url, dst_url, to), verify_checksums, progress)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _writer(src: Backup, to: str, dst_url: str, dst_storage_options: dict | None,
+            **options: Any) -> BackupWriter | OsoBackupWriter:
+    """The writer of layout ``to``, carrying the source's creation time and cluster over."""
+    if to == "oso":
+        return _oso_writer(src, dst_url, dst_storage_options, **options)
+    return _kbs_writer(src, dst_url, dst_storage_options, **options)
+
+
+def _run(src: Backup, refs: list[SegmentRef], writer: BackupWriter | OsoBackupWriter, result: ConvertResult,
+         verify_checksums: bool, progress: Callable[[ConvertProgress], None] | None) -> ConvertResult:
+    """Copy ``refs`` of ``src`` into ``writer`` and commit it; abort it on any error."""
     try:
-        state = _copy(src, refs, writer, flush_partitions=to == "oso", verify_checksums=verify_checksums,
-                      progress=progress)
+        state = _copy(src, refs, writer, flush_partitions=result.to == "oso",
+                      verify_checksums=verify_checksums, progress=progress)
         src.check_totals()  # the manifest's totals, as a reader of the source would check them
-        if to == "oso":
-            result.manifest = writer.commit()
-            result.segments_written = writer.segments_written
-        else:
-            result.manifest = writer.commit(extra=src.copy_fields() or None)
-            result.segments_written = len(writer.written_segments)
+        result.manifest, result.segments_written = _commit(src, writer)
     except BaseException:
         writer.abort()
         raise
     result.segments_read = state.segments_done
     result.records = state.records
-    result.seconds = time.monotonic() - started
     return result
+
+
+def _commit(src: Backup, writer: BackupWriter | OsoBackupWriter) -> tuple[Any, int]:
+    """Publish the copy: its manifest and how many segments it has. A KBS copy keeps the
+    fields of the source's manifest that it carries over (``Backup.copy_fields``)."""
+    if isinstance(writer, OsoBackupWriter):
+        return writer.commit(), writer.segments_written
+    return writer.commit(extra=src.copy_fields() or None), len(writer.written_segments)

@@ -123,15 +123,8 @@ def _segment_max_ts(backup: KbsBackup, ref: SegmentRef) -> int | None:
 
 
 def retain_backup(
-    url: str,
-    to_url: str,
-    *,
-    storage_options: dict | None = None,
-    to_storage_options: dict | None = None,
-    max_age: Any = None,
-    max_bytes: Any = None,
-    now: Any = None,
-    overwrite: bool = False,
+    url: str, to_url: str, *, storage_options: dict | None = None, to_storage_options: dict | None = None,
+    max_age: Any = None, max_bytes: Any = None, now: Any = None, overwrite: bool = False,
 ) -> RetentionReport:
     """Copy the backup at ``url`` to ``to_url`` without the leading segments retention drops.
 
@@ -159,24 +152,12 @@ def retain_backup(
     size_cap = None if max_bytes is None else parse_size(max_bytes)
     if age is None and size_cap is None:
         raise ValueError("give max_age and/or max_bytes")
-    backup = open_backup(url, storage_options)
-    if not isinstance(backup, KbsBackup):
-        raise UnsupportedLayoutError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
-                       "it first (kbs convert SRC DST --layout kbs)")
-    if backup.manifest is None:  # pragma: no cover - open_backup refuses incomplete backups
-        raise IncompleteBackupError(f"{url} has no manifest")
-    fs, path = url_to_fs(to_url, **(to_storage_options or {}))
-    path = path.rstrip("/")
-    backup_id = check_backup_id(path.rsplit("/", 1)[-1])
-    if type(fs) is type(backup.fs) and fs._strip_protocol(path) == backup.fs._strip_protocol(backup.path):
-        raise ValueError("retain writes a new backup: --to must differ from the source")
+    backup = _open_source(url, storage_options)
+    fs, path, backup_id = _target(backup, to_url, to_storage_options)
     txn = Transaction(fs, path, to_url, "overwrite" if overwrite else "error")
 
     segments = backup.segments()
-    ref_time = to_millis(now)
-    if ref_time is None:
-        stamps = [s.max_timestamp for s in segments if s.max_timestamp is not None]
-        ref_time = backup.manifest.time_range.get("latest_timestamp") or (max(stamps) if stamps else None)
+    ref_time = _reference_time(backup, segments, now)
     report = RetentionReport(url, to_url, age, size_cap, ref_time)
     groups: dict[tuple[str, int], list[SegmentRef]] = {}
     for ref in segments:
@@ -187,25 +168,66 @@ def retain_backup(
         for (topic, partition), refs in sorted(groups.items()):
             pr = PartitionRetention(topic, partition, len(refs))
             report.partitions.append(pr)
-            sizes = [r.size_bytes if r.size_bytes is not None else backup.fs.size(r.path) for r in refs]
-            pr.bytes_in = sum(sizes)
-            max_ts = [_segment_max_ts(backup, r) for r in refs] if age is not None else [None] * len(refs)
-            by_age, by_size = plan_retention(sizes, max_ts, age, size_cap, ref_time)
-            pr.segments_dropped_by_age, pr.segments_dropped_by_size = by_age, by_size
-            entries = [copy.segment(ref, seq) for seq, ref in enumerate(refs[by_age + by_size :])]
+            entries = _retain_partition(copy, refs, pr, age, size_cap, ref_time)
             if entries:
                 topics.setdefault(topic, []).append(PartitionEntry(
                     partition, entries[0].first_offset, entries[-1].last_offset,
                     sum(e.records for e in entries), len(entries), entries))
-                pr.first_offset = entries[0].first_offset
-            pr.bytes_out = sum(e.size_bytes for e in entries)
-            pr.records_out = sum(e.records for e in entries)
         manifest = json_of(_manifest(backup, backup_id, topics, copy.uncompressed, report))
         txn.commit(lambda state: (manifest, copy.moves))
     except BaseException:
         txn.abort()  # only this run's staging; a claimed commit keeps it for the roll forward
         raise
     return report
+
+
+def _open_source(url: str, storage_options: dict | None) -> KbsBackup:
+    """The complete KBS backup at ``url``: retain copies its segment files unchanged."""
+    backup = open_backup(url, storage_options)
+    if not isinstance(backup, KbsBackup):
+        raise UnsupportedLayoutError(f"{url} is a {backup.layout} backup; retain copies KBS segment files unchanged, so convert "
+                       "it first (kbs convert SRC DST --layout kbs)")
+    if backup.manifest is None:  # pragma: no cover - open_backup refuses incomplete backups
+        raise IncompleteBackupError(f"{url} has no manifest")
+    return backup
+
+
+def _target(backup: KbsBackup, to_url: str, to_storage_options: dict | None,
+            ) -> tuple[fsspec.AbstractFileSystem, str, str]:
+    """The new backup's filesystem, path and id; it must not be the source."""
+    fs, path = url_to_fs(to_url, **(to_storage_options or {}))
+    path = path.rstrip("/")
+    backup_id = check_backup_id(path.rsplit("/", 1)[-1])
+    if type(fs) is type(backup.fs) and fs._strip_protocol(path) == backup.fs._strip_protocol(backup.path):
+        raise ValueError("retain writes a new backup: --to must differ from the source")
+    return fs, path, backup_id
+
+
+def _reference_time(backup: KbsBackup, segments: list[SegmentRef], now: Any) -> int | None:
+    """``now`` in ms when given, else the backup's latest timestamp (manifest, else segments)."""
+    ref_time = to_millis(now)
+    if ref_time is None:
+        assert backup.manifest is not None
+        stamps = [s.max_timestamp for s in segments if s.max_timestamp is not None]
+        ref_time = backup.manifest.time_range.get("latest_timestamp") or (max(stamps) if stamps else None)
+    return ref_time
+
+
+def _retain_partition(copy: _Copy, refs: list[SegmentRef], pr: PartitionRetention, age: int | None,
+                      size_cap: int | None, ref_time: int | None) -> list[SegmentEntry]:
+    """Stage the segments of one partition that retention keeps (counted in ``pr``); their entries."""
+    backup = copy.backup
+    sizes = [r.size_bytes if r.size_bytes is not None else backup.fs.size(r.path) for r in refs]
+    pr.bytes_in = sum(sizes)
+    max_ts = [_segment_max_ts(backup, r) for r in refs] if age is not None else [None] * len(refs)
+    by_age, by_size = plan_retention(sizes, max_ts, age, size_cap, ref_time)
+    pr.segments_dropped_by_age, pr.segments_dropped_by_size = by_age, by_size
+    entries = [copy.segment(ref, seq) for seq, ref in enumerate(refs[by_age + by_size :])]
+    if entries:
+        pr.first_offset = entries[0].first_offset
+    pr.bytes_out = sum(e.size_bytes for e in entries)
+    pr.records_out = sum(e.records for e in entries)
+    return entries
 
 
 class _Copy:

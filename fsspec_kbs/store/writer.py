@@ -506,26 +506,8 @@ class BackupWriter:
         uncompressed = int(base.statistics.get("uncompressed_bytes", 0)) if base is not None else 0
         for (topic, p), part in sorted(self._parts.items()):
             uncompressed += part.uncompressed
-            idx = entries.setdefault((topic, p), [])
-            if part.new and idx and part.new[0].stats.first_offset <= idx[-1].last_offset:
-                raise CommitConflictError(
-                    f"{topic}/{p}: another writer's commit holds offsets up to {idx[-1].last_offset}, "
-                    f"this append starts at {part.new[0].stats.first_offset}")
-            for w in part.new:
-                seq = len(idx)  # numbered after the base's segments (renumbered on a rebase)
-                final = WrittenSegment(topic, p, seq, f"{TOPICS_DIR}/{topic}/{p}/{segment_name(seq)}", w.stats,
-                                       w.index_crc32)
-                moves.append(Move(self._txn.relative(w.path), final.path, w.stats.size_bytes, w.stats.crc64))
-                if w.index_crc32 is not None:
-                    moves.append(Move(self._txn.relative(w.index_path), final.index_path, w.index_size,
-                                      crc32=w.index_crc32))
-                idx.append(final.entry())
-        topics: dict[str, list[PartitionEntry]] = {}
-        for (topic, p), idx in sorted(entries.items()):
-            if idx:
-                topics.setdefault(topic, []).append(PartitionEntry(
-                    partition=p, first_offset=idx[0].first_offset, last_offset=idx[-1].last_offset,
-                    records=sum(s.records for s in idx), segments=len(idx), segment_index=idx))
+            moves += self._place_new(topic, p, part.new, entries.setdefault((topic, p), []))
+        topics = _partition_entries(entries)
         statistics, time_range = summarize(topics, uncompressed)
         base_extra = {k: v for k, v in base.extra.items() if k != COMMIT_FIELD} if base else {}
         base_topics = {t.name: t for t in base.topics} if base else {}
@@ -542,12 +524,29 @@ class BackupWriter:
                 TopicEntry(name, parts, extra=base_topics[name].extra if name in base_topics else {})
                 for name, parts in sorted(topics.items())
             ],
-            extra={**base_extra, **(extra or {}),
-                   # Per streaming query the later micro-batch (a copy appended must not roll one back).
-                   **({STREAMS_FIELD: merge_streams(base_extra[STREAMS_FIELD], extra[STREAMS_FIELD])}
-                      if extra and STREAMS_FIELD in extra and STREAMS_FIELD in base_extra else {})},
+            extra=_merged_extra(base_extra, extra),
         )
         return manifest, moves
+
+    def _place_new(self, topic: str, p: int, new: list[WrittenSegment], idx: list[SegmentEntry]) -> list[Move]:
+        """Number this writer's ``new`` segments of a partition after the ``idx`` entries of the
+        base (appended to ``idx``); the moves of their segment and index files."""
+        assert self._txn is not None
+        if new and idx and new[0].stats.first_offset <= idx[-1].last_offset:
+            raise CommitConflictError(
+                f"{topic}/{p}: another writer's commit holds offsets up to {idx[-1].last_offset}, "
+                f"this append starts at {new[0].stats.first_offset}")
+        moves: list[Move] = []
+        for w in new:
+            seq = len(idx)  # numbered after the base's segments (renumbered on a rebase)
+            final = WrittenSegment(topic, p, seq, f"{TOPICS_DIR}/{topic}/{p}/{segment_name(seq)}", w.stats,
+                                   w.index_crc32)
+            moves.append(Move(self._txn.relative(w.path), final.path, w.stats.size_bytes, w.stats.crc64))
+            if w.index_crc32 is not None:
+                moves.append(Move(self._txn.relative(w.index_path), final.index_path, w.index_size,
+                                  crc32=w.index_crc32))
+            idx.append(final.entry())
+        return moves
 
     def commit(self, extra: dict[str, Any] | None = None) -> Manifest:
         """Write pending segments, then commit them (:mod:`fsspec_kbs.store.txn`). Returns the
@@ -605,3 +604,22 @@ class BackupWriter:
             self.commit()
         else:
             self.abort()
+
+
+def _partition_entries(entries: dict[tuple[str, int], list[SegmentEntry]]) -> dict[str, list[PartitionEntry]]:
+    """The manifest's partition entries, by topic, of every partition with segments."""
+    topics: dict[str, list[PartitionEntry]] = {}
+    for (topic, p), idx in sorted(entries.items()):
+        if idx:
+            topics.setdefault(topic, []).append(PartitionEntry(
+                partition=p, first_offset=idx[0].first_offset, last_offset=idx[-1].last_offset,
+                records=sum(s.records for s in idx), segments=len(idx), segment_index=idx))
+    return topics
+
+
+def _merged_extra(base_extra: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The base manifest's extra fields, then this commit's ``extra``."""
+    return {**base_extra, **(extra or {}),
+            # Per streaming query the later micro-batch (a copy appended must not roll one back).
+            **({STREAMS_FIELD: merge_streams(base_extra[STREAMS_FIELD], extra[STREAMS_FIELD])}
+               if extra and STREAMS_FIELD in extra and STREAMS_FIELD in base_extra else {})}

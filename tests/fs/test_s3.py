@@ -15,7 +15,7 @@ import fsspec_kbs
 from fsspec_kbs.errors import BackupNotFoundError
 from fsspec_kbs.fs import KbsFileSystem
 from tests.conftest import load_expected, table_rows
-from tests.test_fs_helpers import expected_jsonl, sample_table
+from tests.fs.helpers import expected_jsonl, sample_table
 
 pytestmark = pytest.mark.s3
 

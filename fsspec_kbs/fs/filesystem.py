@@ -25,7 +25,7 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
 from fsspec_kbs.errors import BackupNotFoundError, InvalidNameError
-from fsspec_kbs.fs_views import (
+from fsspec_kbs.fs.views import (
     DEFAULT_SPOOL_BYTES,
     JSONL,
     PARQUET,
@@ -59,6 +59,8 @@ class Node:
     partition: int = -1
     ref: SegmentRef | None = None
     view: str = ""
+
+
 _READ_ONLY = "kbs:// is read-only: a backup is written with fsspec_kbs.write_table / BackupWriter, not through the filesystem"
 
 
@@ -425,9 +427,9 @@ class KbsFileSystem(_Base):
 
         path = self._rel(path)
         node = self._node(path)
-        m = self.backup.manifest
-        stamp = (getattr(m, "completed_at", None) or getattr(m, "created_at", None)) if m is not None else None
-        if isinstance(stamp, str):
+        described = self.backup.describe()  # both layouts' times, as ISO 8601
+        stamp = described.completed_at or described.created_at
+        if stamp is not None:
             try:
                 return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
             except ValueError:

@@ -1,4 +1,4 @@
-"""Shared helpers (no tests) of the ``kbs://`` filesystem tests, tests/test_fs_*.py."""
+"""Shared helpers (no tests) of the ``kbs://`` filesystem tests in tests/fs/."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from fsspec_kbs.errors import BackupNotFoundError, ChecksumError, IncompleteBack
 from fsspec_kbs.fs import KbsFileSystem
 from fsspec_kbs.store import open_backup
 from tests.conftest import CONFORMANCE, load_expected, table_rows
-from tests.test_fs_helpers import expected_jsonl, sample_table
+from tests.fs.helpers import expected_jsonl, sample_table
 
 VALID = sorted(p.name for p in (CONFORMANCE / "valid").iterdir()) if (CONFORMANCE / "valid").is_dir() else []
 
@@ -421,7 +421,7 @@ def test_get_copies_views_and_segments(written: tuple[str, pa.Table], tmp_path: 
 
 
 def test_example_runs() -> None:
-    example = Path(__file__).resolve().parents[1] / "examples" / "browse_with_fsspec.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "browse_with_fsspec.py"
     out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "write refused" in out.stdout and "pandas.read_json" in out.stdout
@@ -466,3 +466,17 @@ def test_filecache_keeps_decoded_views(written: tuple[str, pa.Table], tmp_path: 
     assert fs.ukey("orders/9/records.parquet") == fsspec.filesystem("kbs", fo=url).ukey("orders/9/records.parquet")
     with pytest.raises(KbsError):
         fs.cat("orders/9/records.jsonl")
+
+
+@pytest.mark.conformance
+def test_modified_is_the_manifests_time(conformance: Path) -> None:
+    """Every path's ``modified()`` is the backup's completion time, else its creation time: a
+    KBS manifest's ``completed_at``; an OSO manifest's ``created_at`` (epoch ms, no completion)."""
+    from datetime import datetime, timezone
+
+    kbs = fsspec.filesystem("kbs", fo=str(conformance / "valid" / "zstd-v1.1" / "backup-1"))
+    done = datetime(2026, 11, 1, 10, 5, tzinfo=timezone.utc)
+    assert {kbs.modified(p) for p in ("", "manifest.json", "orders/0", "orders/0/records.jsonl")} == {done}
+    oso = fsspec.filesystem("kbs", fo=str(conformance / "oso-native" / "zstd" / "oso-backup-1"))
+    created = datetime.fromtimestamp(1761991200, tz=timezone.utc)
+    assert {oso.modified(p) for p in ["", *oso.glob("*/*/records.jsonl")]} == {created}
