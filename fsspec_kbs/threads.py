@@ -13,6 +13,7 @@ writers come and go, threads stay. A forked child starts its own.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import os
 import queue
@@ -20,6 +21,8 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from fsspec_kbs.errors import KbsError
 
 #: Threads decoding chunks of one read that does not say (two cores are the common case).
 DECODE_THREADS = max(1, min(2, os.cpu_count() or 1))
@@ -39,6 +42,9 @@ class _Run:
         self.closed = False
 
 
+_STOP = object()  # a task that ends the thread taking it
+
+
 class _Raised:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -56,9 +62,21 @@ class WorkerPool:
 
     def __init__(self, name: str, threads: int) -> None:
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = threads
-        for i in range(threads):
-            threading.Thread(target=self._work, name=f"kbs-{name}-{i}", daemon=True).start()
+        self.threads = [threading.Thread(target=self._work, name=f"kbs-{name}-{i}", daemon=True)
+                        for i in range(threads)]
+        self.stopping = False
+        for t in self.threads:
+            t.start()
+
+    def stop(self, timeout: float) -> None:
+        """Skip what is queued, let running tasks finish, end the threads (at interpreter exit:
+        a daemon thread still inside a library's C++ code when the interpreter finalizes is
+        killed there, and the process aborts)."""
+        self.stopping = True
+        for _ in self.threads:
+            self.tasks.put((_STOP, None, None))
+        for t in self.threads:
+            t.join(timeout)
 
     def submit(self, fn: Callable[[], Any]) -> cf.Future:
         """Run ``fn()`` on the pool; a future cancelled before it starts never runs."""
@@ -70,7 +88,14 @@ class WorkerPool:
         get = self.tasks.get
         while True:
             run, tag, fn = get()
-            if run is None:  # submit(): tag is the future
+            if run is _STOP:
+                return
+            if self.stopping:
+                if run is None:
+                    tag.cancel()
+                else:
+                    run.results.put((tag, _Raised(KbsError("the interpreter is exiting"))))
+            elif run is None:  # submit(): tag is the future
                 if tag.set_running_or_notify_cancel():
                     try:
                         tag.set_result(fn())
@@ -102,6 +127,15 @@ def worker_pool(kind: str, threads: int) -> WorkerPool:
 
 def _forget_pools() -> None:
     _pools.clear()  # a forked child has none of the parent's threads
+
+
+@atexit.register
+def _stop_pools() -> None:
+    with _lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.stop(timeout=60.0)
 
 
 if hasattr(os, "register_at_fork"):  # Unix

@@ -111,3 +111,26 @@ def test_pools_of_each_kind_are_separate() -> None:
     worker_pool("io", 3).submit(lambda: names.append(threading.current_thread().name)).result(timeout=10)
     worker_pool("compute", 2).submit(lambda: names.append(threading.current_thread().name)).result(timeout=10)
     assert names[0].startswith("kbs-io-") and names[1].startswith("kbs-compute-")
+
+
+def test_exit_waits_for_running_tasks_and_skips_queued_ones(tmp_path: Any) -> None:
+    """At interpreter exit the pools finish what runs and drop what waits: a daemon thread
+    still inside C++ code when the interpreter finalizes would abort the process."""
+    import subprocess
+    import sys
+
+    code = f"""
+import time
+from pathlib import Path
+from fsspec_kbs.threads import worker_pool
+pool = worker_pool("io", 1)
+def slow(name):
+    time.sleep(0.5)
+    Path({str(tmp_path)!r}, name).write_text("done")
+pool.submit(lambda: slow("running"))
+pool.submit(lambda: slow("queued"))
+time.sleep(0.1)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "running").exists() and not (tmp_path / "queued").exists()
