@@ -46,7 +46,7 @@ from benchmarks.common import MB, best_time, columns_for_bytes, report, save
 from fsspec_kbs.arrow.convert import columns_to_batch
 from fsspec_kbs.dataset import CHUNK_BYTES, KbsDataset
 from fsspec_kbs.format.checksums import crc32, crc64_xz
-from fsspec_kbs.format.codecs import PAYLOAD_POOL
+from fsspec_kbs.format.codecs import payload_pool
 from fsspec_kbs.format.segment import FOOTER_SIZE, HEADER_SIZE, SegmentReader
 from fsspec_kbs.store import BackupWriter
 
@@ -99,7 +99,7 @@ def reference(codec: str, files: list[Path], frames: list[memoryview]) -> None:
 def _arrow_codec(codec: str, frames: list[memoryview], sizes: list[int]) -> None:
     arrow = pa.Codec(codec)
     for fr, n in zip(frames, sizes, strict=True):
-        arrow.decompress(fr, decompressed_size=n, memory_pool=PAYLOAD_POOL)
+        arrow.decompress(fr, decompressed_size=n, memory_pool=payload_pool())
 
 
 def reference_time(codec: str, files: list[Path], frames: list[memoryview], repeat: int) -> float:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cramjam
 import lz4.frame
 import numpy as np
-import pyarrow as pa
 import zstandard
 
 from fsspec_kbs.errors import DecompressionError, UnsupportedCodecError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class Codec(enum.IntEnum):
@@ -41,31 +44,45 @@ REGISTRY: dict[Codec, CodecFunctions] = {}
 
 # zstd contexts are not thread-safe; keep one per thread and level.
 _local = threading.local()
-# Arrow's zstd decompresses into a buffer of an Arrow memory pool, which hands the same mapped
-# pages out again. python-zstandard returns a fresh ``bytes`` each time: once a chunk's few
-# payloads are freed together glibc trims them off the heap, and zstd then takes a page fault
-# every 4 KiB of output (in a new process, ~32,000 faults and ~25 % of a 128 MB scan's time).
-# Arrow also checks that the frame fills the buffer exactly. Builds of pyarrow without zstd
-# fall back to python-zstandard.
-_ARROW_ZSTD = pa.Codec("zstd") if pa.Codec.is_available("zstd") else None
-# Arrow's LZ4 frame decoder ran 1.5x faster than cramjam here. It reports no output size, but
-# liblz4 fails a frame that does not decode to the content size in its header: frames that
-# declare the batch's size go to Arrow, any other frame to cramjam, which counts.
-_ARROW_LZ4 = pa.Codec("lz4") if pa.Codec.is_available("lz4") else None
-_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+class _Arrow(NamedTuple):
+    """Arrow's codecs and the pool payloads are decoded into: imported on the first read, so a
+    process that only writes (``kbs backup``) never loads pyarrow (~30 MB resident)."""
+
+    #: Arrow's zstd decompresses into a buffer of an Arrow memory pool, which hands the same
+    #: mapped pages out again. python-zstandard returns a fresh ``bytes`` each time: once a
+    #: chunk's few payloads are freed together glibc trims them off the heap, and zstd then
+    #: takes a page fault every 4 KiB of output (in a new process, ~32,000 faults and ~25 % of
+    #: a 128 MB scan's time). Arrow also checks that the frame fills the buffer exactly.
+    #: Builds of pyarrow without zstd fall back to python-zstandard (None here).
+    zstd: Any
+    #: Arrow's LZ4 frame decoder ran 1.5x faster than cramjam here. It reports no output size,
+    #: but liblz4 fails a frame that does not decode to the content size in its header: frames
+    #: that declare the batch's size go to Arrow, any other frame to cramjam, which counts.
+    lz4: Any
+    #: The memory pool decompressed batches come from: jemalloc, where pyarrow has it
+    #: (mimalloc kept ~20 MB more of these short-lived buffers mapped through a long scan).
+    pool: pa.MemoryPool
 
 
-def _payload_pool() -> pa.MemoryPool:
-    # jemalloc, where pyarrow has it: mimalloc kept ~20 MB more of these short-lived buffers
-    # mapped through a long scan.
+@functools.cache
+def arrow() -> _Arrow:
+    """Arrow's codecs and payload pool (pyarrow imported on first use)."""
+    import pyarrow as pa
+
     try:
-        return pa.jemalloc_memory_pool()
+        pool = pa.jemalloc_memory_pool()
     except NotImplementedError:
-        return pa.default_memory_pool()
+        pool = pa.default_memory_pool()
+    return _Arrow(pa.Codec("zstd") if pa.Codec.is_available("zstd") else None,
+                  pa.Codec("lz4") if pa.Codec.is_available("lz4") else None, pool)
 
 
-#: The memory pool decompressed batches come from.
-PAYLOAD_POOL = _payload_pool()
+def payload_pool() -> pa.MemoryPool:
+    """The memory pool decompressed batches (and pooled file reads) come from."""
+    return arrow().pool
+
+
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 
 def codec_from_code(code: int) -> Codec:
@@ -172,14 +189,15 @@ def _zstd_decompress(frame: bytes | memoryview, expected_size: int) -> bytes | n
         )
     try:
         # The output buffer is the bound: without a declared size, any excess fails the call.
-        if _ARROW_ZSTD is not None:
+        arrow_zstd = arrow().zstd
+        if arrow_zstd is not None:
             # Arrow's zstd takes whatever follows the frame (a skippable or an empty frame
             # does not change the size): check there is nothing.
             length = zstd_frame_length(frame)
             if 0 < length < len(frame):
                 raise DecompressionError(
                     f"zstd batch is not one frame: {len(frame) - length} bytes follow its first frame")
-            buf = _ARROW_ZSTD.decompress(frame, decompressed_size=expected_size, memory_pool=PAYLOAD_POOL)
+            buf = arrow_zstd.decompress(frame, decompressed_size=expected_size, memory_pool=arrow().pool)
             return np.frombuffer(buf, np.uint8)
         out = _zstd_decompressor().decompress(
             frame, max_output_size=max(expected_size, 1), allow_extra_data=False)
@@ -207,9 +225,10 @@ def _lz4_decompress(frame: bytes | memoryview, expected_size: int) -> np.ndarray
         raise DecompressionError(
             f"lz4 frame declares {declared} uncompressed bytes but the batch header says {expected_size}"
         )
-    if declared == expected_size and _ARROW_LZ4 is not None:
+    arrow_lz4 = arrow().lz4
+    if declared == expected_size and arrow_lz4 is not None:
         try:
-            buf = _ARROW_LZ4.decompress(frame, decompressed_size=expected_size, memory_pool=PAYLOAD_POOL)
+            buf = arrow_lz4.decompress(frame, decompressed_size=expected_size, memory_pool=arrow().pool)
         except OSError as e:
             raise DecompressionError(
                 f"lz4 frame does not decompress to exactly the declared {expected_size} bytes: {e}"
@@ -219,6 +238,8 @@ def _lz4_decompress(frame: bytes | memoryview, expected_size: int) -> np.ndarray
     # the bound is the buffer. (python-lz4's LZ4FrameDecompressor copied memoryview input
     # holding the GIL; cramjam releases it.) From glibc's heap: beside cramjam's own buffers,
     # payloads from jemalloc or mimalloc took a page fault every 4 KiB.
+    import pyarrow as pa
+
     pool = pa.system_memory_pool()
     out = np.frombuffer(pa.allocate_buffer(max(1, expected_size), pool), np.uint8, count=expected_size)
     try:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import pyarrow as pa
 
 from fsspec_kbs.format import kernels as k
 from fsspec_kbs.format.columns import RecordColumns, ViewColumns
@@ -60,6 +59,8 @@ def empty_array(n: int, dtype: type | np.dtype) -> np.ndarray:
     glibc's heap fragments under this pattern until a long scan's RSS creeps up by hundreds
     of MB. Memory in use shows in ``pyarrow.total_allocated_bytes()``.
     """
+    import pyarrow as pa  # a reader's: a process that only writes never loads it
+
     dt = np.dtype(dtype)
     return np.frombuffer(pa.allocate_buffer(max(1, n * dt.itemsize)), dtype=dt, count=n)
 
@@ -257,7 +258,7 @@ def plan_encode(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 
 
 
 def _encode_batch(cols: RecordColumns, r0: int, r1: int, size: int) -> EncodedBatch:
-    buf = empty_array(size, np.uint8)
+    buf = np.empty(size, np.uint8)  # compressed and dropped at once, never handed to Arrow
     end = k.encode_records(
         r0, r1, buf, cols.offsets, cols.timestamps,
         cols.key_offsets, cols.key_data, cols.key_valid,

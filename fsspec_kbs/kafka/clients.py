@@ -89,24 +89,6 @@ def cluster_metadata(admin: Any, conf: dict[str, Any], timeout: float) -> Any:
                        "--connect-timeout") from None
 
 
-def return_freed_buffers() -> None:
-    """Make glibc give large freed buffers back to the OS at once (a fixed mmap threshold).
-
-    Chunks, encoded batches and segments are allocated on one thread and freed on another;
-    with glibc's default, the threshold grows after the first such free and later buffers
-    come from the heap arenas, which then fragment: about 70 MB more peak RSS in a backup of
-    300k records. No effect elsewhere than glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Cyclic garbage collection seldom while records stream through (restored after).

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import IO
 
-import pyarrow as pa
-
-from fsspec_kbs.format.codecs import PAYLOAD_POOL
+from fsspec_kbs.format.codecs import payload_pool
 
 
 def read_pooled(f: IO[bytes], n: int, prefix: bytes = b"") -> memoryview:
     """``prefix`` then up to ``n`` bytes from ``f`` (fewer only at its end) in a pool buffer."""
-    buf = pa.allocate_buffer(len(prefix) + n, PAYLOAD_POOL)
+    import pyarrow as pa  # a reader's: writers never load it
+
+    buf = pa.allocate_buffer(len(prefix) + n, payload_pool())
     view = memoryview(buf).cast("B")  # plain bytes, whatever format the buffer exports
     got = len(prefix)
     view[:got] = prefix
