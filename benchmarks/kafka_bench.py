@@ -45,10 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import make_columns, records_from_columns, save  # noqa: E402
 from fsspec_kbs.kafka.backup import consumer_tuning  # noqa: E402
 from fsspec_kbs.kafka.consume import BackupMemory  # noqa: E402
-from fsspec_kbs.kafka.produce import PRODUCER_DEFAULTS  # noqa: E402
 
 #: The OSO kafka-backup tool (Rust) on the same kind of records, same machine (issue 24).
 OSO_RECORDS_PER_S = (380_000, 420_000)
@@ -90,6 +88,8 @@ def plain_produce(conf: dict, topic: str, records: list[tuple], partitions: int)
     def on_delivery(err: object, msg: object) -> None:
         if err is not None:
             failed.append(str(err))
+
+    from fsspec_kbs.kafka.produce import PRODUCER_DEFAULTS  # loads pyarrow: not in the children
 
     p = Producer({**PRODUCER_DEFAULTS, "delivery.report.only.error": True, **conf, "enable.idempotence": True,
                   "on_delivery": on_delivery})
@@ -193,8 +193,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="median of N for each measurement")
     args = ap.parse_args()
 
+    # Here, not at the top: the children import this module, and a backup loads no pyarrow.
     from confluent_kafka.admin import AdminClient
 
+    from benchmarks.common import make_columns, records_from_columns, save
     from fsspec_kbs.kafka import run_restore
 
     tmp = Path(tempfile.mkdtemp(prefix="kbs-kafka-bench-"))

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fsspec_kbs"
 
 #: Rank of each top-level module or sub-package; a module may import equal or lower ranks.
 RANKS = {
-    "errors": 0, "times": 0, "threads": 0,
+    "errors": 0, "times": 0, "threads": 0, "lazy": 0,
     "format": 1,
     "store": 2,
     "arrow": 3,

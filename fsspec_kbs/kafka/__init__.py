@@ -9,8 +9,9 @@ stack (pyarrow and the dataset), about 30 MB of resident memory it has no use fo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fsspec_kbs.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fsspec_kbs.kafka.backup import BackupResult, BackupRun, IncrementalGapWarning, run_backup
@@ -26,15 +27,14 @@ if TYPE_CHECKING:
         run_restore,
     )
 
-_EXPORTS = {
-    **dict.fromkeys(("BackupResult", "BackupRun", "IncrementalGapWarning", "run_backup"), "backup"),
-    **dict.fromkeys(("load_client_config", "merge_client_config"), "config"),
-    "BackupMemory": "consume",
-    **dict.fromkeys(("GROUPS_FILE", "GroupOffsets", "read_group_offsets"), "groups"),
-    "RestoreIncompleteError": "produce",
-    **dict.fromkeys(("RestoreResult", "RestoreRun", "RetentionWarning", "parse_offset_ranges", "run_restore"),
-                    "restore"),
-}
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in {
+    "backup": ("BackupResult", "BackupRun", "IncrementalGapWarning", "run_backup"),
+    "config": ("load_client_config", "merge_client_config"),
+    "consume": ("BackupMemory",),
+    "groups": ("GROUPS_FILE", "GroupOffsets", "read_group_offsets"),
+    "produce": ("RestoreIncompleteError",),
+    "restore": ("RestoreResult", "RestoreRun", "RetentionWarning", "parse_offset_ranges", "run_restore"),
+}.items() for name in names}
 
 __all__ = [
     "GROUPS_FILE",
@@ -56,14 +56,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,15 +1,27 @@
 """Operations on whole backups: Kafka-style compaction and retention (docs/compaction-retention.md),
-adding batch indexes to old backups."""
+adding batch indexes to old backups. Names load on first use (:mod:`fsspec_kbs.lazy`)."""
 
-from fsspec_kbs.maintenance.compact import (
-    CompactionReport,
-    CompactionWarning,
-    compact_backup,
-    keep_mask,
-)
-from fsspec_kbs.maintenance.index import IndexReport, add_indexes
-from fsspec_kbs.maintenance.retain import RetentionReport, plan_retention, retain_backup
-from fsspec_kbs.maintenance.units import parse_duration, parse_size
+from typing import TYPE_CHECKING
+
+from fsspec_kbs.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fsspec_kbs.maintenance.compact import (
+        CompactionReport,
+        CompactionWarning,
+        compact_backup,
+        keep_mask,
+    )
+    from fsspec_kbs.maintenance.index import IndexReport, add_indexes
+    from fsspec_kbs.maintenance.retain import RetentionReport, plan_retention, retain_backup
+    from fsspec_kbs.maintenance.units import parse_duration, parse_size
+
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in {
+    "compact": ("CompactionReport", "CompactionWarning", "compact_backup", "keep_mask"),
+    "index": ("IndexReport", "add_indexes"),
+    "retain": ("RetentionReport", "plan_retention", "retain_backup"),
+    "units": ("parse_duration", "parse_size"),
+}.items() for name in names}
 
 __all__ = [
     "CompactionReport",
@@ -24,3 +36,5 @@ __all__ = [
     "plan_retention",
     "retain_backup",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
