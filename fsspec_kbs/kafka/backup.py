@@ -287,9 +287,13 @@ class _WritingThread:
     _FLUSH = object()
     _END = object()
 
-    def __init__(self, writer: BackupWriter, on_chunk: Callable[[RecordColumns], None]) -> None:
+    def __init__(self, writer: BackupWriter, on_chunk: Callable[[RecordColumns], None],
+                 warm_up: threading.Thread | None = None) -> None:
         self.writer = writer
         self.on_chunk = on_chunk
+        #: Loads the kernels: the first chunk waits for it rather than loading them a second
+        #: time beside it (~0.12 s of CPU when the warm-up had not finished).
+        self.warm_up = warm_up
         self.items: queue.Queue = queue.Queue(maxsize=HANDOFF_CHUNKS)
         #: consume() results the consuming thread is done with: dropped here, so that the
         #: messages (whose other references this thread holds) are freed on this thread.
@@ -338,6 +342,8 @@ class _WritingThread:
 
     def _run(self) -> None:
         try:
+            if self.warm_up is not None:
+                self.warm_up.join()
             while True:
                 while self.garbage:
                     self.garbage.popleft()
@@ -395,11 +401,13 @@ class BackupRun:
         self.consume_batch = consume_batch
         self.progress, self.on_plan, self.on_chunk = progress, on_plan, on_chunk
         self.totals = [0, 0]
+        self.warm_up: threading.Thread | None = None
 
     def run(self) -> BackupResult:
         t0 = time.monotonic()
-        threading.Thread(target=_warm_up, args=(self.compression, self.level), name="kbs-warm-up",
-                         daemon=True).start()
+        self.warm_up = threading.Thread(target=_warm_up, args=(self.compression, self.level),
+                                        name="kbs-warm-up", daemon=True)
+        self.warm_up.start()
         self._open_target()
         admin = admin_client(self.conf)
         md = cluster_metadata(admin, self.conf, self.connect_timeout)
@@ -559,7 +567,7 @@ class BackupRun:
             if self.progress is not None:
                 self.progress(len(cols), nbytes)
 
-        writing = _WritingThread(writer, counted)
+        writing = _WritingThread(writer, counted, self.warm_up)
         buffers = _Buffers(self.memory, self.consume_batch, writing.chunk)
         reader = _CutReader(consumer, plan.cut, positions, buffers, consume_batch=self.consume_batch,
                             timeout=self.timeout, on_chunk=self.on_chunk, release=writing.release)
