@@ -37,6 +37,7 @@ from fsspec_kbs.kafka.clients import (
     admin_client,
     client_config,
     cluster_metadata,
+    fix_mmap_threshold,
     gc_paused,
 )
 from fsspec_kbs.kafka.consume import (
@@ -405,6 +406,7 @@ class BackupRun:
 
     def run(self) -> BackupResult:
         t0 = time.monotonic()
+        fix_mmap_threshold(self.memory.chunk_bytes + self.memory.chunk_bytes // 8)
         self.warm_up = threading.Thread(target=_warm_up, args=(self.compression, self.level),
                                         name="kbs-warm-up", daemon=True)
         self.warm_up.start()

@@ -89,6 +89,27 @@ def cluster_metadata(admin: Any, conf: dict[str, Any], timeout: float) -> Any:
                        "--connect-timeout") from None
 
 
+def fix_mmap_threshold(nbytes: int) -> None:
+    """Fix glibc's mmap threshold at ``nbytes`` for the process (no effect elsewhere than glibc).
+
+    By default glibc raises the threshold to the size of each large buffer freed, up to 32 MiB;
+    a backup's buffers (chunks, encoded batches, librdkafka's fetches) are allocated on one
+    thread and freed on another, and per-thread heaps then kept them: peak RSS grew with the
+    run (+70 to +110 MB on 150 MB of records with 14 MB configured). A fixed threshold ends
+    that, and one above a chunk keeps the buffers below it on the heaps, reused: at 128 KiB
+    every chunk and every librdkafka fetch was a fresh mapping, a page fault per 4 KiB of it
+    (~0.4 s of a 2.3 s backup of 447 MB).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, int(nbytes))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Cyclic garbage collection seldom while records stream through (restored after).

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import is_not, itemgetter, methodcaller
+from operator import is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -328,17 +328,18 @@ class _CutReader:
         self.consumer.incremental_unassign([TopicPartition(*key)])
 
 
-_KEY, _HEADERS = methodcaller("key"), methodcaller("headers")
 _HKEY, _HVALUE = itemgetter(0), itemgetter(1)
 
 
 def _run_bytes(run: list[Any]) -> int:
     """Bytes a run of messages holds: values, keys and headers (``len(message)`` is only the
     value's, so a topic of tombstones with large keys or headers would not count at all).
-    C-level maps only: this runs on the consuming thread."""
+    C-level maps over the unbound methods (a third of ``methodcaller``'s cost): this runs on
+    the consuming thread."""
+    _, _, _, _, key, _, headers, _ = _message_methods()
     values = sum(map(len, run))
-    keys = sum(map(len, filter(None, map(_KEY, run))))
-    hdrs = list(filter(None, map(_HEADERS, run)))
+    keys = sum(map(len, filter(None, map(key, run))))
+    hdrs = list(filter(None, map(headers, run)))
     if not hdrs:
         return values + keys
     flat = list(chain.from_iterable(hdrs))
