@@ -11,15 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str]
+def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, tuple[str, ...]]
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: each name of ``exports`` (name -> the
-    module defining it) is imported when first asked for, then kept in ``namespace`` (the
-    package's globals) as a plain attribute. Other names are submodules, as with an eager
-    package."""
+    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each submodule (relative
+    to ``package``) to the names it defines; a name is imported when first asked for, then
+    kept in ``namespace`` (the package's globals) as a plain attribute. Other names are
+    submodules, as with an eager package."""
+    home = {name: f"{package}.{module}" for module, names in exports.items() for name in names}
 
     def __getattr__(name: str) -> Any:
-        module = exports.get(name)
+        module = home.get(name)
         if module is None:
             try:
                 return importlib.import_module(f"{package}.{name}")
@@ -32,6 +33,6 @@ def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *exports})
+        return sorted({*namespace, *home})
 
     return __getattr__, __dir__

@@ -27,14 +27,14 @@ if TYPE_CHECKING:
         run_restore,
     )
 
-_EXPORTS = {name: f"{__name__}.{module}" for module, names in {
+_EXPORTS = {
     "backup": ("BackupResult", "BackupRun", "IncrementalGapWarning", "run_backup"),
     "config": ("load_client_config", "merge_client_config"),
     "consume": ("BackupMemory",),
     "groups": ("GROUPS_FILE", "GroupOffsets", "read_group_offsets"),
     "produce": ("RestoreIncompleteError",),
     "restore": ("RestoreResult", "RestoreRun", "RetentionWarning", "parse_offset_ranges", "run_restore"),
-}.items() for name in names}
+}
 
 __all__ = [
     "GROUPS_FILE",

@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from fsspec_kbs.maintenance.retain import RetentionReport, plan_retention, retain_backup
     from fsspec_kbs.maintenance.units import parse_duration, parse_size
 
-_EXPORTS = {name: f"{__name__}.{module}" for module, names in {
+_EXPORTS = {
     "compact": ("CompactionReport", "CompactionWarning", "compact_backup", "keep_mask"),
     "index": ("IndexReport", "add_indexes"),
     "retain": ("RetentionReport", "plan_retention", "retain_backup"),
     "units": ("parse_duration", "parse_size"),
-}.items() for name in names}
+}
 
 __all__ = [
     "CompactionReport",

@@ -201,7 +201,8 @@ def test_zstd_batch_must_be_exactly_one_frame(monkeypatch: pytest.MonkeyPatch, a
     from fsspec_kbs.format import codecs
 
     if not arrow_zstd:
-        monkeypatch.setattr(codecs, "arrow", lambda: codecs.arrow.__wrapped__()._replace(zstd=None))
+        without_zstd = codecs.arrow()._replace(zstd=None)
+        monkeypatch.setattr(codecs, "arrow", lambda: without_zstd)
     elif codecs.arrow().zstd is None:
         pytest.skip("this pyarrow has no zstd")
     data = bytes(range(256)) * 40
