@@ -13,10 +13,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fsspec_kbs.filters import ScanFilter, to_millis
 from fsspec_kbs.format.codecs import CODEC_BY_NAME
+
+#: Which side of the data source options are parsed for.
+Direction = Literal["read", "write"]
 
 #: Offsets in ``startingOffsets``/``endingOffsets`` JSON, as in Spark's Kafka source.
 EARLIEST = -2
@@ -136,7 +139,7 @@ _EXCLUSIVE = (
 )
 
 
-def check_option_names(options: Mapping[str, str], mode: str) -> None:
+def check_option_names(options: Mapping[str, str], mode: Direction) -> None:
     """Refuse unknown options, options of the other direction, Kafka client options and
     conflicting ones; ``mode`` is ``"read"`` or ``"write"``.
 
@@ -316,7 +319,7 @@ class KbsOptions:
         return sf.and_(ScanFilter(offset_ranges=ranges)) if ranges else sf
 
 
-def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
+def parse_options(options: Mapping[str, str], mode: Direction = "read") -> KbsOptions:
     """Read Spark's (case-insensitive, string) options into :class:`KbsOptions`.
 
     Parameters
@@ -342,7 +345,7 @@ def parse_options(options: Mapping[str, str], mode: str = "read") -> KbsOptions:
     return _read_options(opts, path, storage)
 
 
-def _path(opts: dict[str, str], mode: str) -> str:
+def _path(opts: dict[str, str], mode: Direction) -> str:
     """The backup's URL: ``path``, or the one entry of ``paths`` (``.load([url])``)."""
     path = opts.get("path")
     if not path and opts.get("paths"):

@@ -8,7 +8,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import fsspec
 import numpy as np
@@ -62,7 +62,7 @@ from fsspec_kbs.store.names import (
     partition_dir,
     segment_name,
 )
-from fsspec_kbs.store.txn import BackupState, FaultHook, Move, Transaction, json_of
+from fsspec_kbs.store.txn import BackupState, FaultHook, Move, Transaction, WriteMode, json_of
 from fsspec_kbs.threads import worker_pool
 
 #: Input bytes whose batches may be encoded and compressed ahead of the writer. Each batch is
@@ -104,7 +104,7 @@ class _Queued:
     roll: bool = False
 
 
-MODES = ("error", "overwrite", "append", "resume")
+MODES = get_args(WriteMode)
 
 
 @dataclass
@@ -215,7 +215,7 @@ class BackupWriter:
         segment_max_bytes: int = 64 * 1024 * 1024,
         segment_max_records: int | None = None,
         batch_max_bytes: int = 1024 * 1024,
-        mode: str = "error",
+        mode: WriteMode = "error",
         buffer_max_bytes: int = 256 * 1024 * 1024,
         source_cluster: dict | None = None,
         on_segment: Callable[[WrittenSegment], None] | None = None,
