@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -69,14 +70,15 @@ class WorkerPool:
             t.start()
 
     def stop(self, timeout: float) -> None:
-        """Skip what is queued, let running tasks finish, end the threads (at interpreter exit:
-        a daemon thread still inside a library's C++ code when the interpreter finalizes is
-        killed there, and the process aborts)."""
+        """Skip what is queued, let running tasks finish (for at most ``timeout`` seconds in
+        all), end the threads. At interpreter exit: a daemon thread still inside a library's
+        C++ code when the interpreter finalizes is killed there, and the process aborts."""
         self.stopping = True
         for _ in self.threads:
             self.tasks.put((_STOP, None, None))
+        deadline = time.monotonic() + timeout
         for t in self.threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def submit(self, fn: Callable[[], Any]) -> cf.Future:
         """Run ``fn()`` on the pool; a future cancelled before it starts never runs."""
@@ -126,7 +128,14 @@ def worker_pool(kind: str, threads: int) -> WorkerPool:
 
 
 def _forget_pools() -> None:
-    _pools.clear()  # a forked child has none of the parent's threads
+    global _lock
+    _pools.clear()  # a forked child has none of the parent's threads,
+    _lock = threading.Lock()  # and a lock another thread held at the fork stays held there
+
+
+#: Seconds the interpreter's exit waits, all pools together, for tasks still running (a read
+#: hung on a store must not keep a Ctrl-C'd command alive for long).
+EXIT_WAIT = 10.0
 
 
 @atexit.register
@@ -134,8 +143,9 @@ def _stop_pools() -> None:
     with _lock:
         pools = list(_pools.values())
         _pools.clear()
+    deadline = time.monotonic() + EXIT_WAIT
     for pool in pools:
-        pool.stop(timeout=60.0)
+        pool.stop(timeout=max(0.0, deadline - time.monotonic()))
 
 
 if hasattr(os, "register_at_fork"):  # Unix
@@ -147,7 +157,8 @@ def run_in_order(tasks: Iterable[tuple[Any, Callable[[], Any] | None]],
     """``(key, fn)`` pairs -> ``(key, fn())`` pairs, in order.
 
     With ``threads`` > 1 (default: :data:`DECODE_THREADS`) up to ``threads *``
-    :data:`CHUNKS_AHEAD_PER_THREAD` of the ``fn`` run ahead on the compute pool. A ``None`` fn
+    :data:`CHUNKS_AHEAD_PER_THREAD` of the ``fn`` run ahead on the compute pool (whose size is
+    ``max(2, DECODE_THREADS)`` whatever ``threads``: it sets the window, not the threads). A ``None`` fn
     passes its key through in its place (result ``None``) without taking a slot. An error
     raised by an ``fn``, or by the iteration of ``tasks`` itself, is raised in its place too:
     after the results before it.

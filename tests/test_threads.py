@@ -104,6 +104,7 @@ def test_submit_runs_returns_raises_and_honours_cancel() -> None:
     blocker.result(timeout=10)
     one.submit(lambda: None).result(timeout=10)  # the queue has drained past the cancelled task
     assert ran == []
+    one.stop(10)
 
 
 def test_pools_of_each_kind_are_separate() -> None:

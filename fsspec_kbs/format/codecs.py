@@ -82,6 +82,12 @@ def payload_pool() -> pa.MemoryPool:
     return arrow().pool
 
 
+def __getattr__(name: str) -> Any:
+    if name == "PAYLOAD_POOL":  # the name docs/api.md gave before pyarrow loaded lazily
+        return arrow().pool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 

@@ -258,7 +258,7 @@ def plan_encode(cols: RecordColumns, max_bytes: int, max_records: int = 2**31 - 
 
 
 def _encode_batch(cols: RecordColumns, r0: int, r1: int, size: int) -> EncodedBatch:
-    buf = np.empty(size, np.uint8)  # compressed and dropped at once, never handed to Arrow
+    buf = np.empty(size, np.uint8)  # compressed (or, uncompressed, written as is), never handed to Arrow
     end = k.encode_records(
         r0, r1, buf, cols.offsets, cols.timestamps,
         cols.key_offsets, cols.key_data, cols.key_valid,

@@ -643,7 +643,8 @@ def run_backup(client_config: dict[str, str], topics: list[str], url: str, **opt
     connect_timeout : float
         Seconds the first contact with the cluster may take (default 15).
     memory : BackupMemory, optional
-        Memory bounds (see :class:`BackupMemory`).
+        Memory bounds (see :class:`BackupMemory`). A backup also fixes glibc's mmap threshold
+        just above ``chunk_bytes`` for the rest of the process (``fix_mmap_threshold``).
     consume_batch : int
         Messages asked of each ``consume()`` call (and most records of a chunk). 2,000
         keeps chunks near ``chunk_bytes``: with 10,000 one call's run of a partition made

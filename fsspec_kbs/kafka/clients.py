@@ -90,7 +90,8 @@ def cluster_metadata(admin: Any, conf: dict[str, Any], timeout: float) -> Any:
 
 
 def fix_mmap_threshold(nbytes: int) -> None:
-    """Fix glibc's mmap threshold at ``nbytes`` for the process (no effect elsewhere than glibc).
+    """Fix glibc's mmap threshold at ``nbytes`` (at most 32 MiB) for the whole process, for
+    good (no effect elsewhere than glibc).
 
     By default glibc raises the threshold to the size of each large buffer freed, up to 32 MiB;
     a backup's buffers (chunks, encoded batches, librdkafka's fetches) are allocated on one
@@ -105,7 +106,8 @@ def fix_mmap_threshold(nbytes: int) -> None:
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, int(nbytes))  # M_MMAP_THRESHOLD
+        # glibc refuses (returns 0, sets nothing) a threshold above its maximum, 32 MiB on 64-bit
+        libc.mallopt(-3, min(int(nbytes), 32 * 1024 * 1024))  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 

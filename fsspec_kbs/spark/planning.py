@@ -26,7 +26,7 @@ from fsspec_kbs.spark.partition import BatchRun, KbsSegmentPartition, SegmentPie
 from fsspec_kbs.store import Backup, KbsBackup, SegmentRef
 from fsspec_kbs.store.batch_index import read_runs
 from fsspec_kbs.store.layout import read_manifest_bytes, resolve
-from fsspec_kbs.store.open import _layout, backup_class
+from fsspec_kbs.store.open import backup_class, layout_of
 
 
 def open_for_planning(o: KbsOptions) -> tuple[Backup, int | None]:
@@ -35,14 +35,14 @@ def open_for_planning(o: KbsOptions) -> tuple[Backup, int | None]:
     raw = read_manifest_bytes(fs, path)
     crc = None if raw is None else zlib.crc32(raw)
     if raw is None:
-        layout = _layout(fs, path, raw)
+        layout = layout_of(fs, path, raw)
     else:
         # Parsed once as KBS (the layout check would parse a big manifest a second time);
         # only a manifest KBS refuses is looked at for another layout.
         try:
             return KbsBackup.from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
         except KbsError:
-            layout = _layout(fs, path, raw)
+            layout = layout_of(fs, path, raw)
             if layout == KbsBackup.layout:
                 raise
     return backup_class(layout).from_storage(fs, path, raw, o.path, o.storage_options, o.allow_incomplete), crc
@@ -85,7 +85,7 @@ def starting_offset_at(backup: Backup, refs: list[SegmentRef], key: tuple[str, i
         raise ValueError(
             f"no record of {key[0]}/{key[1]} has a timestamp at or after {ts} (the starting timestamp), so "
             "there is no offset to start from; set startingOffsetsByTimestampStrategy=latest to start at "
-            "its latest offset instead (a batch read then reads nothing of it)")
+            "its latest offset instead (nothing of this partition is read before new records)")
     return latest
 
 

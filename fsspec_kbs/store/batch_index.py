@@ -190,7 +190,7 @@ def read_batches(fs: fsspec.AbstractFileSystem, segment_path: str, index: BatchI
                  threads: int | None = None, read_header: bool = True) -> Iterator[RecordColumns | ViewColumns]:
     """Records of the batch runs ``ranges`` of a segment, read through its index, decoded and
     checked, in order (:class:`IndexedSource`; ``threads`` as
-    :func:`~fsspec_kbs.format.segment.run_in_order`)."""
+    :func:`~fsspec_kbs.threads.run_in_order`)."""
     source = IndexedSource(fs, segment_path, index, ranges, codec=codec, crc64=crc64, gap=gap,
                            read_header=read_header)
     yield from iter_checked(source, max_chunk_bytes, threads, views)  # type: ignore[arg-type]

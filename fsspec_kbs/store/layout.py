@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Generic, NoReturn, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -38,6 +38,9 @@ from fsspec_kbs.store.segment_ref import (
     check_size,
     segment_missing,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11; the package supports 3.10
 
 
 def resolve(url: str, storage_options: dict | None = None,
@@ -331,7 +334,7 @@ class Backup(ABC, Generic[M]):
         With ``views`` the chunks may be :class:`~fsspec_kbs.format.ViewColumns`: Arrow views
         into the decompressed batches, no copy of the record data (KBS; OSO records are
         copied). ``threads`` decode chunks at once (default:
-        :data:`~fsspec_kbs.format.segment.DECODE_THREADS`).
+        :data:`~fsspec_kbs.threads.DECODE_THREADS`).
         """
         try:
             yield from iter_opened(self.open_chunks(ref, verify_checksums, bounds), max_chunk_bytes, views, threads)

@@ -39,17 +39,19 @@ def open_backup(url: str, storage_options: dict | None = None, allow_incomplete:
     """
     fs, path = resolve(url, storage_options, fs)
     raw = read_manifest_bytes(fs, path)
-    return backup_class(_layout(fs, path, raw)).from_storage(fs, path, raw, url, storage_options, allow_incomplete)
+    return backup_class(layout_of(fs, path, raw)).from_storage(fs, path, raw, url, storage_options, allow_incomplete)
 
 
-def detect_layout(url: str, storage_options: dict | None = None,
+def detectlayout_of(url: str, storage_options: dict | None = None,
                   fs: fsspec.AbstractFileSystem | None = None) -> str:
     """``"oso"`` or ``"kbs"`` for the backup at ``url`` (one small read, two listings at most)."""
     fs, path = resolve(url, storage_options, fs)
-    return _layout(fs, path, read_manifest_bytes(fs, path))
+    return layout_of(fs, path, read_manifest_bytes(fs, path))
 
 
-def _layout(fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None) -> str:
+def layout_of(fs: fsspec.AbstractFileSystem, path: str, raw: bytes | None) -> str:
+    """The layout (a key of :data:`LAYOUTS`) of the backup at ``path`` whose manifest bytes are
+    ``raw`` (None: there is none)."""
     if raw is None:
         return "oso" if looks_like_oso_without_manifest(fs, path) else "kbs"
     try:
@@ -92,7 +94,7 @@ def _complete(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     raw = read_manifest_bytes(fs, path)
     if raw is None:
         return False
-    cls = backup_class(_layout(fs, path, raw))
+    cls = backup_class(layout_of(fs, path, raw))
     if cls.manifest_written_last:
         return True
     try:

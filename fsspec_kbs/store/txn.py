@@ -306,10 +306,17 @@ def roll_forward(fs: fsspec.AbstractFileSystem, path: str, record: CommitRecord,
 
 
 def _apply_latest(fs: fsspec.AbstractFileSystem, path: str, version: int) -> None:
-    """Roll forward the newest commit record from ``version`` on (it exists)."""
-    while fs.exists(record_path(path, version + 1)):
-        version += 1
-    roll_forward(fs, path, read_record(fs, path, version))
+    """Roll forward the newest commit record from ``version`` on (it exists). A record that
+    fails because an even later commit replaced its files since is left to that commit."""
+    while True:
+        while fs.exists(record_path(path, version + 1)):
+            version += 1
+        try:
+            roll_forward(fs, path, read_record(fs, path, version))
+            return
+        except CommitError:
+            if not fs.exists(record_path(path, version + 1)):
+                raise
 
 
 # -- a writer's transaction -----------------------------------------------------------------------
