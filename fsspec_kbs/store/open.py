@@ -42,7 +42,7 @@ def open_backup(url: str, storage_options: dict | None = None, allow_incomplete:
     return backup_class(layout_of(fs, path, raw)).from_storage(fs, path, raw, url, storage_options, allow_incomplete)
 
 
-def detectlayout_of(url: str, storage_options: dict | None = None,
+def detect_layout(url: str, storage_options: dict | None = None,
                   fs: fsspec.AbstractFileSystem | None = None) -> str:
     """``"oso"`` or ``"kbs"`` for the backup at ``url`` (one small read, two listings at most)."""
     fs, path = resolve(url, storage_options, fs)
