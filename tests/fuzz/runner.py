@@ -321,8 +321,11 @@ def build_case(i: int, seed: int, bases: list[str], work: Path) -> dict:
             desc = mutate.apply(name, dst, rng)
         except mutate.Skip:
             continue
-        except (ValueError, IndexError, KeyError, TypeError, AttributeError, struct.error, OSError):
-            continue  # the mutator did not fit this backup (e.g. an earlier mutation emptied a list)
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError, struct.error, OSError,
+                RecursionError):
+            # the mutator did not fit this backup (an earlier mutation emptied a list, or nested
+            # the manifest too deep for json to parse again)
+            continue
         muts.append({"mutator": name, **desc})
     return {"case": i, "seed": seed, "base": str(base.relative_to(base.parents[1])), "layout": lay,
             "mutations": muts, "params": params, "dir": str(dst), "case_dir": str(case_dir)}
