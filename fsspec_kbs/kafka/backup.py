@@ -67,7 +67,7 @@ from fsspec_kbs.store.names import (
     CHECKPOINT,
     MANIFEST,
     TOPICS_DIR,
-    check_backup_id,
+    backup_id_of,
     parse_segment_name,
 )
 
@@ -430,7 +430,7 @@ class BackupRun:
         """Refuse a complete backup, or an incomplete one without ``resume``; read the checkpoint."""
         fs, path = url_to_fs(self.url, **(self.storage_options or {}))
         self.fs, self.path = fs, path.rstrip("/")
-        self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
+        self.backup_id = backup_id_of(self.path)
         url, path = self.url, self.path
         if fs.exists(f"{path}/{MANIFEST}"):
             if self.resume:

@@ -43,7 +43,7 @@ from fsspec_kbs.store.manifest import (
     utc_now_iso,
 )
 from fsspec_kbs.store.names import (
-    check_backup_id,
+    backup_id_of,
     partition_dir,
     segment_name,
 )
@@ -197,7 +197,7 @@ def _target(backup: KbsBackup, to_url: str, to_storage_options: dict | None,
     """The new backup's filesystem, path and id; it must not be the source."""
     fs, path = url_to_fs(to_url, **(to_storage_options or {}))
     path = path.rstrip("/")
-    backup_id = check_backup_id(path.rsplit("/", 1)[-1])
+    backup_id = backup_id_of(path)
     if type(fs) is type(backup.fs) and fs._strip_protocol(path) == backup.fs._strip_protocol(backup.path):
         raise ValueError("retain writes a new backup: --to must differ from the source")
     return fs, path, backup_id

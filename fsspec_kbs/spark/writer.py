@@ -42,7 +42,7 @@ from fsspec_kbs.errors import (
 from fsspec_kbs.spark.options import KbsOptions
 from fsspec_kbs.store import BackupWriter, KbsBackup, open_backup
 from fsspec_kbs.store.commit import put_atomic
-from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, check_backup_id
+from fsspec_kbs.store.names import MANIFEST, TOPICS_DIR, backup_id_of
 from fsspec_kbs.store.staging import SegmentAdopter
 from fsspec_kbs.store.txn import FaultHook
 from fsspec_kbs.store.writer import WrittenSegment
@@ -89,7 +89,7 @@ class KbsWriter(DataSourceArrowWriter):
     def __init__(self, options: KbsOptions, overwrite: bool) -> None:
         # Before anything is written (the abort marker goes to <path>/_staging): a path such
         # as ROOT/.. must not make this job write into ROOT's parent.
-        check_backup_id(options.path.rstrip("/").rsplit("/", 1)[-1])
+        backup_id_of(options.path)
         self.options = options
         self.overwrite = overwrite
         self.job_id = uuid.uuid4().hex

@@ -28,7 +28,7 @@ from fsspec_kbs.errors import (
 )
 from fsspec_kbs.format import RecordColumns, ViewColumns
 from fsspec_kbs.format.batch_index import BatchIndex
-from fsspec_kbs.store.names import MANIFEST, check_backup_id
+from fsspec_kbs.store.names import MANIFEST, backup_id_of
 from fsspec_kbs.store.opened import OpenedSegment, iter_opened
 from fsspec_kbs.store.pooled import read_pooled
 from fsspec_kbs.store.segment_ref import (
@@ -196,7 +196,7 @@ class Backup(ABC, Generic[M]):
         from fsspec_kbs.store.commit import check_commit_state
 
         if cls.check_id:
-            check_backup_id(path.rsplit("/", 1)[-1])
+            backup_id_of(path)
         if raw is None:
             if not fs.exists(path):
                 raise BackupNotFoundError(f"no backup at {url}")

@@ -32,6 +32,11 @@ def check_backup_id(name: object) -> str:
     return _check("backup id", name, 255)
 
 
+def backup_id_of(path: str) -> str:
+    """The backup id a backup directory's path ends with, checked."""
+    return check_backup_id(path.rstrip("/").rsplit("/", 1)[-1])
+
+
 def check_partition(value: object) -> int:
     """Partitions are ints 0 … 2^31-1 (a decimal string without sign or leading zeros is accepted)."""
     if isinstance(value, str):

@@ -32,12 +32,12 @@ from fsspec_kbs.store.commit import put_file
 from fsspec_kbs.store.layout import resolve
 from fsspec_kbs.store.names import (
     TOPICS_DIR,
-    check_backup_id,
+    backup_id_of,
     check_partition,
     check_topic,
 )
 from fsspec_kbs.store.txn import FaultHook, Move, Transaction
-from fsspec_kbs.store.writer import check_offsets
+from fsspec_kbs.store.writer import check_offsets, check_segment_limits
 
 #: The tool rotates a segment once its uncompressed records reach 128 MiB.
 OSO_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
@@ -82,11 +82,10 @@ class OsoBackupWriter:
                  created_at: int | None = None, source_cluster_id: str | None = None,
                  source_brokers: list[str] | None = None,
                  fs: fsspec.AbstractFileSystem | None = None, fault: FaultHook | None = None) -> None:
-        if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
-            raise ValueError("segment_max_bytes and segment_max_records must be positive")
+        check_segment_limits(segment_max_bytes, segment_max_records)
         self.fs, self.path = resolve(url, storage_options, fs)
         self.url = url
-        self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
+        self.backup_id = backup_id_of(self.path)
         self.codec = oso_codec_from_name(compression)
         self.level = level
         self.segment_max_bytes = segment_max_bytes

@@ -56,7 +56,7 @@ from fsspec_kbs.store.manifest import (
 from fsspec_kbs.store.names import (
     MANIFEST,
     TOPICS_DIR,
-    check_backup_id,
+    backup_id_of,
     check_partition,
     check_topic,
     partition_dir,
@@ -72,6 +72,12 @@ from fsspec_kbs.threads import worker_pool
 #: whole write up front, as before, held it a second time uncompressed (+535 MB of peak RSS
 #: against +170 MB now).
 COMPRESS_AHEAD_BYTES = 64 * 1024 * 1024
+
+
+def check_segment_limits(max_bytes: int, max_records: int | None) -> None:
+    """A writer's segment roll limits must be positive (``max_records`` None: no limit)."""
+    if max_bytes <= 0 or (max_records is not None and max_records <= 0):
+        raise ValueError("segment_max_bytes and segment_max_records must be positive")
 
 
 def check_offsets(topic: str, partition: int, offsets: np.ndarray, last_offset: int) -> None:
@@ -231,11 +237,10 @@ class BackupWriter:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not 0 < batch_max_bytes <= MAX_BATCH_UNCOMPRESSED:
             raise ValueError(f"batch_max_bytes must be in 1 … {MAX_BATCH_UNCOMPRESSED}")
-        if segment_max_bytes <= 0 or (segment_max_records is not None and segment_max_records <= 0):
-            raise ValueError("segment_max_bytes and segment_max_records must be positive")
+        check_segment_limits(segment_max_bytes, segment_max_records)
         self.fs, self.path = resolve(url, storage_options, fs)
         self.url = url
-        self.backup_id = check_backup_id(self.path.rsplit("/", 1)[-1])
+        self.backup_id = backup_id_of(self.path)
         self.codec = codec_from_name(compression)
         self.level = DEFAULT_LEVELS[self.codec] if level is None else level
         self.segment_max_bytes = segment_max_bytes
